@@ -1,0 +1,68 @@
+"""Command line: ``python -m autograder {generate,check,grade}``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .assignments import all_assignments, get_assignment
+
+
+def _cmd_generate(args) -> int:
+    from .generate import generate
+
+    assignments = [get_assignment(k) for k in args.assignment] if args.assignment else None
+    problems = generate(assignments, check=args.check)
+    for line in problems:
+        print(line)
+    if args.check:
+        if problems:
+            print(f"\n{len(problems)} generated file(s) out of date: run `python -m autograder generate`",
+                  file=sys.stderr)
+            return 1
+        print("generated files are up to date")
+    return 0
+
+
+def _cmd_check(args) -> int:
+    from .report import check_command
+
+    return check_command(args)
+
+
+def _cmd_grade(args) -> int:
+    from .report import grade_command
+
+    return grade_command(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m autograder", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("generate", help="write learner notebooks and reference modules from the masters")
+    p.add_argument("assignment", nargs="*", help="chapter keys (default: all)")
+    p.add_argument("--check", action="store_true", help="write nothing; exit 1 if a generated file is stale")
+    p.set_defaults(func=_cmd_generate)
+
+    p = sub.add_parser("check", help="a learner's self-check of one notebook")
+    p.add_argument("notebook", help="the learner's notebook (.ipynb)")
+    p.add_argument("--assignment", help="chapter key (default: read from the notebook)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(func=_cmd_check)
+
+    p = sub.add_parser("grade", help="grade submissions into an nbgrader gradebook and a CSV")
+    p.add_argument("submissions", nargs="+", help="notebooks, or folders searched for *.ipynb")
+    p.add_argument("--assignment", required=True, help="chapter key, e.g. 03_qkv")
+    p.add_argument("--gradebook", help="nbgrader database URL (default: sqlite:///OUT/gradebook.db)")
+    p.add_argument("--out", default="grading", help="folder for gradebook, CSV and feedback (default: grading)")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.add_argument("--force", action="store_true", help="regrade submissions already in the gradebook")
+    p.add_argument("--timeout", type=float, default=None, help="seconds per submission (default 120)")
+    p.set_defaults(func=_cmd_grade)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
