@@ -1,0 +1,71 @@
+"""Shared fixtures: submissions made from the reference, and the command line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from autograder.assignments import ROOT, get_assignment
+from autograder.generate import read_master
+
+
+def reference_notebook(key: str) -> nbformat.NotebookNode:
+    """The master as a learner's notebook with every answer filled in (the solutions)."""
+    return read_master(get_assignment(key))
+
+
+def learner_notebook(key: str) -> nbformat.NotebookNode:
+    """The untouched learner notebook, as a learner downloads it."""
+    return nbformat.read(str(get_assignment(key).notebook), as_version=4)
+
+
+def edit(nb: nbformat.NotebookNode, old: str, new: str) -> nbformat.NotebookNode:
+    """Replace `old` by `new` in the notebook's code; the text must occur."""
+    hits = 0
+    for cell in nb.cells:
+        if cell.cell_type == "code" and old in cell.source:
+            cell.source = cell.source.replace(old, new)
+            hits += 1
+    assert hits, f"{old!r} not found in the notebook: the fixture is out of date"
+    return nb
+
+
+def add_cell(nb: nbformat.NotebookNode, source: str, after_grade_id: str | None = None) -> nbformat.NotebookNode:
+    """Add a code cell the learner wrote (no nbgrader metadata), after a given cell or at the end."""
+    cell = nbformat.v4.new_code_cell(source)
+    index = len(nb.cells)
+    if after_grade_id:
+        index = next(i for i, c in enumerate(nb.cells)
+                     if c.metadata.get("nbgrader", {}).get("grade_id") == after_grade_id) + 1
+    nb.cells.insert(index, cell)
+    return nb
+
+
+def write(nb: nbformat.NotebookNode, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, str(path))
+    return path
+
+
+def run_cli(*args: str, cwd: Path | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
+    """`python -m autograder ARGS`, as a user runs it."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    return subprocess.run([sys.executable, "-m", "autograder", *args], cwd=cwd or ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def run_json(*args: str, **kw) -> dict:
+    proc = run_cli(*args, "--json", **kw)
+    assert proc.returncode in (0, 1), proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+@pytest.fixture
+def root() -> Path:
+    return ROOT
