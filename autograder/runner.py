@@ -110,6 +110,8 @@ class Submission:
         max_restarts: int = 3,
         env: dict | None = None,
         python: str = sys.executable,
+        sandbox=None,
+        notebook: str | Path | None = None,
     ):
         self.code = code
         self.call_timeout = call_timeout
@@ -119,6 +121,8 @@ class Submission:
         self.restarts_left = max_restarts
         self.python = python
         self.extra_env = env or {}
+        self.sandbox = sandbox  # an autograder.sandbox.Sandbox, or None to run unsandboxed
+        self.notebook = notebook  # shown read-only inside the sandbox
         self.proc: subprocess.Popen | None = None
         self.generation = 0
         self.load_errors: list[dict] = []
@@ -146,19 +150,36 @@ class Submission:
         req_r, req_w = os.pipe()
         rep_r, rep_w = os.pipe()
         out_r, out_w = os.pipe()
-        self.proc = subprocess.Popen(
-            [self.python, "-I", str(WORKER_SCRIPT), str(req_r), str(rep_w)],
-            stdin=subprocess.DEVNULL,
-            stdout=out_w,
-            stderr=out_w,
-            pass_fds=(req_r, rep_w),
-            cwd=self._tmp.name,
-            env=self._env(),
-            start_new_session=True,  # its own process group: one kill ends everything it started
-        )
-        os.close(req_r)
-        os.close(rep_w)
-        os.close(out_w)
+        tail = [str(req_r), str(rep_w)]
+        close_after: list[int] = []
+        try:
+            if self.sandbox is not None:
+                w = self.sandbox.wrap(tail, worker_script=WORKER_SCRIPT, env=self._env(),
+                                      notebook=self.notebook, extra_fds=(req_r, rep_w))
+                close_after = w.close_fds
+                argv, pass_fds, env, cwd = w.argv, w.pass_fds, w.env, w.cwd
+            else:
+                argv = [self.python, "-I", str(WORKER_SCRIPT), *tail]
+                pass_fds, env, cwd = (req_r, rep_w), self._env(), self._tmp.name
+            self.proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out_w,
+                stderr=out_w,
+                pass_fds=pass_fds,
+                cwd=cwd,
+                env=env,
+                start_new_session=True,  # its own process group: one kill ends everything it started
+            )
+        except BaseException:
+            for fd in (req_r, req_w, rep_r, rep_w, out_r, out_w, *close_after):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+            raise
+        for fd in (req_r, rep_w, out_w, *close_after):
+            os.close(fd)
         self._req = req_w
         self._rep = rep_r
         self._buf = b""

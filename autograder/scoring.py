@@ -171,7 +171,7 @@ def part_points(assignment: Assignment) -> dict[str, float]:
 
 
 def grade_notebook(assignment: Assignment, path, *, total_timeout: float = 120.0,
-                   call_timeout: float = 20.0) -> Result:
+                   call_timeout: float = 20.0, sandbox=None) -> Result:
     """Grade one notebook file. Never raises for a bad submission: the Result says what went wrong."""
     start = time.monotonic()
     parts = part_points(assignment)
@@ -188,7 +188,8 @@ def grade_notebook(assignment: Assignment, path, *, total_timeout: float = 120.0
         result.notes.append(f"this notebook was generated for {nb.assignment}, graded as {assignment.key}")
     code = code_to_run(nb)
     result.notes += code.notes
-    with Submission(code, total_timeout=total_timeout, call_timeout=call_timeout) as sub:
+    with Submission(code, total_timeout=total_timeout, call_timeout=call_timeout,
+                    sandbox=sandbox, notebook=path) as sub:
         checks, problems = run_hidden_tests(assignment, sub)
         result.notes += [f"{e['cell']}, line {e['line']}: {e['error']}" for e in sub.load_errors]
     if problems:

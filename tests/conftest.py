@@ -17,7 +17,9 @@ from autograder.generate import read_master
 
 def reference_notebook(key: str) -> nbformat.NotebookNode:
     """The master as a learner's notebook with every answer filled in (the solutions)."""
-    return read_master(get_assignment(key))
+    nb = read_master(get_assignment(key))
+    nb.metadata["course"] = {"assignment": key}  # as in the learner notebook it stands for
+    return nb
 
 
 def learner_notebook(key: str) -> nbformat.NotebookNode:

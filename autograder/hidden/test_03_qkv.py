@@ -346,7 +346,7 @@ def test_sdpa_dropout(learner, reference, rng):
 # --- Part 4: masks (4 points) ----------------------------------------------------------
 
 @points(1, part="padding_mask")
-def test_padding_mask(learner, reference, rng):
+def test_padding_mask_marks_real_tokens(learner, reference, rng):
     """Is the padding mask boolean, (B, 1, 1, T), True exactly at real tokens?"""
     tokens = torch.randint(1, 9, (3, 7), generator=rng)
     tokens[0, 5:] = 0
@@ -375,7 +375,7 @@ def test_padding_mask_pad_id_and_device(learner, reference, rng, devices):
 
 
 @points(1, part="causal_mask")
-def test_causal_mask(learner, reference):
+def test_causal_mask_values(learner, reference):
     """Is the causal mask boolean (T, T), True on and below the diagonal?"""
     for size in (1, 4, 7):
         m = learner.causal_mask(size)
