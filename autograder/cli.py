@@ -49,6 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("notebook", help="the learner's notebook (.ipynb)")
     p.add_argument("--assignment", help="chapter key (default: read from the notebook)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--sandbox", action="store_true",
+                   help="run the notebook's code under bubblewrap, as the grader does (default: unsandboxed)")
     p.set_defaults(func=_cmd_check)
 
     p = sub.add_parser("grade", help="grade submissions into an nbgrader gradebook and a CSV")
@@ -59,6 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument("--force", action="store_true", help="regrade submissions already in the gradebook")
     p.add_argument("--timeout", type=float, default=None, help="seconds per submission (default 120)")
+    p.add_argument("--no-sandbox", action="store_true",
+                   help="run learner code without bubblewrap isolation (only for notebooks you trust)")
     p.set_defaults(func=_cmd_grade)
     return parser
 

@@ -68,6 +68,15 @@ def record(gb: Gradebook, assignment: Assignment, student: str, result, timestam
     gb.db.commit()
 
 
+def has_submission(gb: Gradebook, assignment: Assignment, student: str) -> bool:
+    """Whether the gradebook already holds this learner's submission of the assignment."""
+    try:
+        gb.find_submission_notebook(assignment.key, assignment.key, student)
+    except MissingEntry:
+        return False
+    return True
+
+
 def rows(gb: Gradebook, assignment: Assignment, statuses: dict[str, dict]) -> list[dict]:
     """One row per submission in the gradebook, with the status recorded when it was graded."""
     key = assignment.key

@@ -126,3 +126,76 @@ def code_to_run(nb: ParsedNotebook) -> LoadedCode:
             source = ast.unparse(node) if shares_a_line else "\n".join(lines[first - 1: last])
             statements.append({"cell": cell_label(cell), "line": first, "source": source})
     return LoadedCode(statements=statements, notes=notes)
+
+
+@dataclass
+class CellAudit:
+    """What a submission did to the notebook's nbgrader cells, compared with the learner notebook.
+
+    `rejected` is set for forged or duplicated grade cells (the submission is not graded,
+    as nbgrader does); `notes` report edited or missing locked cells, which change nothing
+    in the score (the hidden tests decide it) but are shown in the feedback.
+    """
+
+    notes: list[str] = field(default_factory=list)
+    rejected: str = ""
+
+
+def audit_cells(nb: ParsedNotebook, reference_path: str | Path) -> CellAudit:
+    """Compare `nb`'s nbgrader cells with those of the learner notebook at `reference_path`."""
+    import nbformat
+    from nbgrader.utils import compute_checksum
+
+    ref = read_notebook(reference_path)
+    ref_cells = {}
+    for cell in ref.cells:
+        gid = _nbgrader(cell).get("grade_id")
+        if isinstance(gid, str):
+            ref_cells[gid] = cell
+    audit = CellAudit()
+    seen: dict[str, int] = {}
+    forged, duplicated, edited = [], [], []
+    for cell in nb.cells:
+        nbg = _nbgrader(cell)
+        gid = nbg.get("grade_id")
+        if not nbg:
+            continue
+        label = cell_label(cell)
+        if not isinstance(gid, str):
+            if nbg.get("grade") or nbg.get("locked"):
+                forged.append(f"{label} is marked as a grade or locked cell but has no valid grade_id")
+            continue
+        seen[gid] = seen.get(gid, 0) + 1
+        rcell = ref_cells.get(gid)
+        rnbg = _nbgrader(rcell) if rcell else {}
+        if seen[gid] > 1:
+            (duplicated if (nbg.get("grade") or rnbg.get("grade")) else edited).append(
+                f"{label} repeats the grade_id {gid!r} of an earlier cell")
+            continue
+        if rcell is None:
+            if nbg.get("grade") or nbg.get("locked"):
+                forged.append(f"{label} is a grade cell that is not part of the exercise")
+            continue
+        if nbg.get("grade") and not rnbg.get("grade"):
+            forged.append(f"{label} was turned into a grade cell")
+            continue
+        if rnbg.get("locked") or rnbg.get("grade"):
+            try:
+                node = nbformat.from_dict({"cell_type": cell["type"], "source": cell["source"],
+                                           "metadata": {"nbgrader": dict(nbg)}})
+                checksum = compute_checksum(node)
+            except Exception:  # noqa: BLE001 - a malformed cell is simply 'edited'
+                checksum = None
+            if checksum != rnbg.get("checksum"):
+                edited.append(f"the locked cell {label} was edited (its checksum differs); "
+                              "it plays no part in grading: the hidden tests decide the score")
+    for gid, rcell in ref_cells.items():
+        if gid not in seen and (_nbgrader(rcell).get("locked") or _nbgrader(rcell).get("grade")):
+            edited.append(f"the locked cell {gid!r} is missing (deleted, or its metadata was removed); "
+                          "it plays no part in grading: the hidden tests decide the score")
+    audit.notes = edited
+    problems = forged + duplicated
+    if problems:
+        audit.rejected = ("forged or duplicated grade cells: " + "; ".join(problems)
+                          + ". Start again from the original notebook (or delete those cells) and resubmit")
+    return audit

@@ -13,6 +13,9 @@ from pathlib import Path
 from .assignments import get_assignment
 from .scoring import Result, grade_notebook
 
+NO_SANDBOX_WARNING = ("WARNING: --no-sandbox: learner code runs on this machine as you, with access to your "
+                      "files, the solutions, the hidden tests and the gradebook. Grade this way only "
+                      "notebooks you trust.")
 SANDBOX_NOTE = ("The self-check runs your notebook's code on this machine, as you, without a sandbox; "
                 "the instructor's grader runs the same checks in isolation.")
 
@@ -57,6 +60,39 @@ def _infer_assignment(path: Path, given: str | None) -> str:
     return path.stem
 
 
+def _audited_grade(assignment, path: Path, **kw) -> Result:
+    """Check the notebook's nbgrader cells, then grade it (unless they were forged).
+
+    Never raises: an unexpected failure becomes a result with status "error" and a reason."""
+    from .notebook import NotebookError, audit_cells, read_notebook
+    from .scoring import part_points
+
+    notes: list[str] = []
+    try:
+        try:
+            audit = audit_cells(read_notebook(path), assignment.notebook)
+        except NotebookError:
+            audit = None  # grade_notebook reports the unreadable notebook itself
+        if audit is not None and audit.rejected:
+            parts = part_points(assignment)
+            return Result(assignment=assignment.key, notebook=str(path), status="error", error=audit.rejected,
+                          max_score=float(sum(parts.values())), notes=audit.notes,
+                          parts={p: {"score": 0.0, "max_score": m} for p, m in parts.items()})
+        notes = audit.notes if audit is not None else []
+        result = grade_notebook(assignment, path, **kw)
+    except Exception as exc:  # noqa: BLE001 - a grader fault must not lose the submission
+        try:
+            parts = part_points(assignment)
+        except Exception:  # noqa: BLE001
+            parts = {}
+        return Result(assignment=assignment.key, notebook=str(path), status="error",
+                      error=f"internal grader error ({type(exc).__name__}: {str(exc)[:300]}); please report it",
+                      max_score=float(sum(parts.values())),
+                      parts={p: {"score": 0.0, "max_score": m} for p, m in parts.items()})
+    result.notes = notes + result.notes
+    return result
+
+
 def check_command(args) -> int:
     path = Path(args.notebook)
     try:
@@ -64,11 +100,20 @@ def check_command(args) -> int:
     except KeyError as exc:
         print(f"error: {exc.args[0]}; pass --assignment KEY", file=sys.stderr)
         return 2
-    result = grade_notebook(assignment, path)
+    sandbox = None
+    if getattr(args, "sandbox", False):
+        from .sandbox import SandboxUnavailable, detect
+
+        try:
+            sandbox = detect(forbidden=[path.resolve().parent])
+        except SandboxUnavailable as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    result = _audited_grade(assignment, path, sandbox=sandbox)
     if args.json:
-        print(json.dumps(dict(result.to_dict(), sandboxed=False), indent=2))
+        print(json.dumps(dict(result.to_dict(), sandboxed=sandbox is not None), indent=2))
     else:
-        print(SANDBOX_NOTE)
+        print(SANDBOX_NOTE if sandbox is None else "The self-check ran your notebook's code in a sandbox.")
         print(format_text(result))
     return 0 if result.status == "graded" else 1
 
@@ -158,12 +203,25 @@ def grade_command(args) -> int:
         print(f"error: {exc.args[0]}", file=sys.stderr)
         return 2
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    url = args.gradebook or f"sqlite:///{(out / 'gradebook.db').resolve()}"
     submissions = find_submissions(args.submissions, assignment.key)
     if not submissions:
         print("error: no notebooks found in " + " ".join(args.submissions), file=sys.stderr)
         return 2
+    # Learner code runs in bubblewrap unless the instructor explicitly says otherwise.
+    sandbox = None
+    if getattr(args, "no_sandbox", False):
+        print(NO_SANDBOX_WARNING, file=sys.stderr, flush=True)
+    else:
+        from .sandbox import SandboxUnavailable, detect
+
+        try:
+            sandbox = detect(forbidden=[out, *args.submissions])
+        except SandboxUnavailable as exc:
+            print(f"error: refusing to grade: {exc}", file=sys.stderr)
+            return 2
+        _progress(args, sandbox.describe())
+    out.mkdir(parents=True, exist_ok=True)
+    url = args.gradebook or f"sqlite:///{(out / 'gradebook.db').resolve()}"
     results_dir = out / "results" / assignment.key
     timeout = args.timeout or 120.0
     reports = []
@@ -181,14 +239,21 @@ def grade_command(args) -> int:
             digest = _sha256(path)
             saved_path = results_dir / f"{student}.json"
             if saved_path.exists() and not args.force:
-                saved = json.loads(saved_path.read_text(encoding="utf-8"))
-                if saved.get("sha256") == digest:
+                try:
+                    saved = json.loads(saved_path.read_text(encoding="utf-8"))
+                except ValueError:
+                    saved = {}
+                # Skipped only if the gradebook also has the row (it may be a new or restored one).
+                if (isinstance(saved, dict) and saved.get("sha256") == digest and digest
+                        and isinstance(saved.get("score"), (int, float))
+                        and isinstance(saved.get("max_score"), (int, float))
+                        and gbk.has_submission(gb, assignment, student)):
                     saved["skipped"] = True
                     reports.append(saved)
                     _progress(args, f"{student}: already graded ({saved['score']:g} / {saved['max_score']:g}); "
                                     "--force regrades")
                     continue
-            result = grade_notebook(assignment, path, total_timeout=timeout)
+            result = _audited_grade(assignment, path, total_timeout=timeout, sandbox=sandbox)
             result.student = student
             gbk.record(gb, assignment, student, result, timestamp=_mtime(path))
             fb = out / "feedback" / student / f"{assignment.key}.html"

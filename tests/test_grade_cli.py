@@ -232,7 +232,7 @@ def test_learner_self_check(tmp_path):
     proc = run_cli("check", str(path))
     assert proc.returncode == 0, proc.stderr
     assert "without a sandbox" in proc.stdout
-    assert "scaled_dot_product_attention  3 / 12" in proc.stdout
+    assert "scaled_dot_product_attention  1 / 12" in proc.stdout
     assert "total" in proc.stdout and "12 / 23" in proc.stdout
     assert "hint: The softmax runs over the wrong axis" in proc.stdout
     data = run_json("check", str(write(reference_notebook(KEY), tmp_path / "ref.ipynb")))
