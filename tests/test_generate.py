@@ -136,3 +136,20 @@ def test_drift_check_fails_on_a_stale_file(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "autograder", "generate", "--check"], cwd=tmp_path,
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout
+
+
+def _execute(nb):
+    from nbclient import NotebookClient
+
+    NotebookClient(nb, timeout=120, kernel_name="python3", allow_errors=False).execute()
+
+
+@pytest.mark.parametrize("assignment", ASSIGNMENTS, ids=KEYS)
+def test_visible_tests_pass_on_the_reference_and_fail_on_the_stub(assignment):
+    """Do the notebook's own test cells pass with the solutions filled in, and fail untouched?"""
+    from nbclient.exceptions import CellExecutionError
+
+    _execute(read_master(assignment))  # raises if any visible test fails on the reference
+    learner = nbformat.read(str(assignment.notebook), as_version=4)
+    with pytest.raises(CellExecutionError, match="NotImplementedError"):
+        _execute(learner)
