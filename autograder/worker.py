@@ -260,7 +260,7 @@ class Worker:
         for st in req["statements"]:
             code_text = "\n" * (st["line"] - 1) + st["source"]
             try:
-                code = compile(code_text, f"<cell {st['cell']}>", "exec")
+                code = compile(code_text, f"<{st['cell']}>", "exec")
                 exec(code, self.ns)
             except BaseException as exc:  # the learner's error, reported as data
                 if isinstance(exc, (KeyboardInterrupt,)):

@@ -1,0 +1,1079 @@
+"""Hidden tests for exercise 01_seq2seq: a GRU encoder-decoder, teacher forcing, greedy
+decoding and beam search.
+
+The learner's modules are built in the worker (`learner.Encoder(V, E, H)`) and loaded with
+weights drawn here, so that the Encoder and Decoder checks compare with the reference
+modules holding the same weights, values and gradients.
+
+The later parts (seq2seq_forward, greedy_decode, beam_search) are graded with the
+learner's OWN Encoder and Decoder, loaded with those weights: the expected result is the
+reference algorithm driven step by step from here, through the proxy, by the learner's
+modules. A mistake in a module therefore costs that module's points only, not every later
+part's; when the modules are right, the expected result is exactly the reference's. A
+module that still raises, or returns wrong shapes, leaves the later parts ungradable: their
+checks then say so. Failed checks name the likely mistake by comparing the learner's
+result with those of typical wrong variants, computed here the same way.
+
+Float64 is used wherever a result depends on an argmax or a ranking (greedy decoding, beam
+search, the ratio-0 path), so that no near-tie can flip a token between two runs of the
+same model; float32 is checked on the modules and on teacher forcing, and on every device.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from autograder.hidden.support import close, expect, points, tolerances
+from autograder.runner import LearnerError, NotImplementedRemote
+
+PAD, SOS, EOS = 0, 1, 2
+F64 = torch.float64
+
+# --- hints ---------------------------------------------------------------------------------
+
+MODULES_STUB = ("This part is graded with your own Encoder and Decoder (loaded with fixed weights), and "
+                "`{}` is not implemented yet: finish parts 1 and 2 first.")
+MODULES_SQUEEZE = ("This part is graded with your own Encoder and Decoder (loaded with fixed weights), and for a "
+                   "batch of one your Encoder's final state loses its batch axis (squeeze()?): fix part 1 first.")
+MODULES_RAISED = ("This part is graded with your own Encoder and Decoder (loaded with fixed weights), and `{}` "
+                  "raised {}: {}. Finish parts 1 and 2 first.")
+MODULES_BROKEN = ("This part is graded with your own Encoder and Decoder (loaded with fixed weights), and "
+                  "they do not yet return (outputs (B, T, H), final (B, H)) and (logits (B, V), hidden (B, H)): "
+                  "finish parts 1 and 2 first.")
+ENC_PAIR = "`Encoder.forward` must return a pair of tensors (outputs, final)."
+ENC_SWAPPED = "`Encoder.forward` returns (final, outputs): return (outputs, final), in that order."
+ENC_OUT_SHAPE = ("`Encoder.forward`'s outputs must have shape (B, T, H): the GRU's outputs as it returns them "
+                 "(it is batch first; don't transpose or reduce them).")
+ENC_NUM_LAYERS = ("`Encoder.forward`'s final state still has the num_layers axis: nn.GRU returns its last "
+                  "state as (1, B, H); return h_n[-1] (or h_n.squeeze(0)), shape (B, H).")
+ENC_SQUEEZE = ("With a batch of one, `Encoder.forward`'s final state loses its batch axis: squeeze() drops "
+               "every axis of size 1; use h_n[-1] or h_n.squeeze(0).")
+ENC_FINAL_SHAPE = "`Encoder.forward`'s final state must have shape (B, H)."
+ENC_OUTPUTS = ("`Encoder.forward`'s outputs differ from the GRU's hidden states: embed src with self.embedding, "
+               "run self.rnn over the embeddings from a zero initial state, and return its outputs unchanged.")
+ENC_FIRST = ("`Encoder.forward`'s final state is the state after the FIRST source token: the context is the "
+             "LAST state h_T (h_n[-1], which equals outputs[:, -1]).")
+ENC_MEAN = ("`Encoder.forward`'s final state is an average of the states: the context is the last state h_T "
+            "(h_n[-1]).")
+ENC_FINAL = ("`Encoder.forward`'s final state is not the GRU's last hidden state: return h_n[-1] (equal to "
+             "outputs[:, -1]).")
+
+DEC_PAIR = "`Decoder.forward` must return a pair of tensors (logits, hidden)."
+DEC_SWAPPED = "`Decoder.forward` returns (hidden, logits): return (logits, hidden), in that order."
+DEC_SHAPES = "`Decoder.forward` must return logits of shape (B, V) and the new hidden state of shape (B, H)."
+DEC_GRU_INPUT = ("The GRU cell gets an input of the wrong size: it reads [embedding; context], E + H features; "
+                 "is the context concatenated to the embedding (torch.cat along dim=-1)?")
+DEC_OUT_INPUT = ("The output layer gets an input of the wrong size: it reads [new hidden; context], 2H features; "
+                 "is the context concatenated to the new hidden state (torch.cat along dim=-1)?")
+DEC_EMB_CTX = ("The GRU cell's input is concatenated in the wrong order: it must be [embedding; context], "
+               "torch.cat([self.embedding(y_prev), context], dim=-1), embedding first.")
+DEC_OUT_ORDER = ("The output layer's input is concatenated in the wrong order: it must be [new hidden; context], "
+                 "hidden first.")
+DEC_OLD_STATE = ("The logits are computed from the hidden state BEFORE the step: feed the output layer the new "
+                 "state s_t returned by the GRU cell, concatenated with the context.")
+DEC_CTX_STATE = ("The GRU cell is given the context as its state: its state argument must be `hidden` (s_{t-1}); "
+                 "the context enters through the input.")
+DEC_ZERO_STATE = ("The GRU cell starts from a zero state: pass `hidden` as its second argument, "
+                  "self.rnn(x, hidden).")
+DEC_SOFTMAX = "`Decoder.forward` returns probabilities: return the raw logits of the output layer, not a softmax."
+DEC_LOG_SOFTMAX = "`Decoder.forward` returns log-probabilities: return the raw logits, without log_softmax."
+DEC_GENERIC = ("`Decoder.forward` differs from s_t = GRUCell([e(y_prev); c], s_{t-1}), logits = out([s_t; c]): "
+               "check what is concatenated, in which order, and which state each layer receives.")
+NOT_DIFFERENTIABLE = ("{}'s result carries no gradient: don't detach it, compute it under torch.no_grad(), or "
+                      "rebuild tensors from Python numbers; a loss on it must reach the model's parameters.")
+GRAD_DIFFERS = ("The gradients with respect to {} differ from the reference's although the values agree: is "
+                "something detached (.detach(), .data, .item()) or changed in place?")
+
+TF_SHAPE = "`seq2seq_forward` must return logits of shape (B, T_out, V), one row of scores per target position."
+TF_STACK = ("`seq2seq_forward` returns (T_out, B, V): stack the per-step logits along dim=1 so that "
+            "logits[:, t] scores tgt[:, t].")
+TF_CURRENT = ("Teacher forcing feeds the CURRENT target token tgt[:, t] at step t: feed the PREVIOUS one, "
+              "tgt[:, t - 1] (sos at step 0), so that logits[:, t] predicts tgt[:, t] without seeing it.")
+TF_NO_SOS = ("Step 0 feeds tgt[:, 0] instead of `sos`: the first step must read the start token, then step t "
+             "reads tgt[:, t - 1].")
+TF_IGNORES_SOS = "`seq2seq_forward` ignores its `sos` argument: step 0 must feed `sos`, not the constant SOS."
+TF_OWN = ("With teacher_forcing_ratio=1.0 every step must be teacher forced, but the model reads its own "
+          "predictions: feed tgt[:, t - 1] when random.random() < teacher_forcing_ratio.")
+TF_ZERO_STATE = ("The decoder starts from a zero state: its initial hidden state must be the encoder's "
+                 "final state.")
+TF_CTX_STATE = ("The context passed at every step changes: it must stay the encoder's final state; don't pass "
+                "the decoder's current hidden state as the context.")
+TF_NOT_CARRIED = ("The decoder's hidden state is not carried from step to step: feed each step the hidden state "
+                  "returned by the previous one.")
+TF_PROBS = "`seq2seq_forward` returns probabilities: return the raw logits of every step, without softmax."
+TF_LOGPROBS = "`seq2seq_forward` returns log-probabilities: return the raw logits, without log_softmax."
+TF_GENERIC = ("`seq2seq_forward` differs from step-by-step teacher forcing with your Encoder and Decoder: "
+              "encode src, use its final state as the first hidden state and as the context at every step, "
+              "feed sos at step 0 and tgt[:, t - 1] at step t, and stack the logits.")
+TF_NOT_DETERMINISTIC = ("With the default teacher_forcing_ratio (1.0) two calls give different logits: every "
+                        "step must be teacher forced, so the result must not depend on chance.")
+TF_DEFAULT = ("With the default teacher_forcing_ratio, `seq2seq_forward` is not fully teacher forced: the "
+              "default ratio must be 1.0.")
+FR_TEACHER = ("With teacher_forcing_ratio=0.0 the model is still teacher forced: with probability "
+              "1 - ratio it must read its own previous prediction (the argmax of the previous step's logits).")
+FR_GENERIC = ("With teacher_forcing_ratio=0.0, `seq2seq_forward` differs from feeding back the argmax of the "
+              "previous step's logits (sos at step 0).")
+MIX_NEITHER = ("With a teacher_forcing_ratio between 0 and 1, some step fed neither the previous target token "
+               "tgt[:, t - 1] nor the previous prediction (the argmax of logits[:, t - 1]).")
+MIX_PER_ROW = ("Teacher forcing is decided row by row: draw ONE number random.random() per step for the whole "
+               "batch, so that all rows are teacher forced at a step, or none.")
+MIX_PER_CALL = ("Teacher forcing is decided once per call: draw a new random.random() before every step "
+                "t >= 1, so that one call mixes teacher-forced and free-running steps.")
+MIX_NEVER = ("With teacher_forcing_ratio=0.5, every step of every call made the same choice (all teacher forced, "
+             "or none): before each step t >= 1, teacher-force when random.random() < teacher_forcing_ratio.")
+
+GR_TYPE = "`greedy_decode` must return a torch tensor of token ids of shape (B, L)."
+GR_DTYPE = "`greedy_decode` must return torch.long token ids (the argmax gives them; don't convert to float)."
+GR_SHAPE = "`greedy_decode` must return a tensor of shape (B, L), one row per source, with L <= max_len."
+GR_DEVICE = "`greedy_decode` returns its tokens on another device than src: create new tensors on src.device."
+GR_NO_PAD = ("Rows keep producing tokens after their eos: once a row has produced eos, every later position "
+             "of that row must hold `pad`.")
+GR_NO_STOP = ("Decoding goes on after every row has produced eos: stop as soon as all rows are finished "
+              "(the output is then shorter than max_len).")
+GR_ANY_STOP = ("Decoding stops when the FIRST row produces eos: continue until EVERY row has finished, or "
+               "max_len steps.")
+GR_WITH_SOS = "The output starts with sos: return only the generated tokens, not the start token."
+GR_SPECIAL = ("`greedy_decode` ignores its sos/eos/pad arguments: use the values passed, not the constants "
+              "SOS, EOS and PAD.")
+GR_STEPS = ("`greedy_decode` takes one step too few or too many: run at most max_len decoder steps, one token "
+            "per step.")
+GR_MAX_LEN = ("`greedy_decode` does not take exactly max_len steps when no row ever produces eos: the output "
+              "must then have max_len columns.")
+GR_ALL_EOS = ("When every row produces eos at the first step, the output must be that single column of eos: "
+              "stop as soon as all rows are finished.")
+GR_GENERIC = ("`greedy_decode` differs from feeding back the argmax at every step with your Encoder and "
+              "Decoder: start from sos, with the encoder's final state as first hidden state and as context, "
+              "keep eos, pad after it, stop when all rows are finished or after max_len steps.")
+
+BM_LIST = "`beam_search` must return a list of (tokens, log_prob) pairs."
+BM_PAIR = "Each item that `beam_search` returns must be a pair (tokens, log_prob)."
+BM_TOKENS = "The tokens of each output must be a Python list of ints (use .tolist())."
+BM_FLOAT = "The log_prob of each output must be a Python float (use .item() or float())."
+BM_TOO_MANY = "`beam_search` returns more than beam_size outputs: return the beam_size best finished ones."
+BM_EMPTY = "`beam_search` returns no output at all: every hypothesis ends finished, at eos or at max_len."
+BM_DUPLICATE = "`beam_search` returns the same output twice."
+BM_UNSORTED = "The outputs are not sorted best first: sort the finished outputs by log_prob, highest first."
+BM_WITH_SOS = "The tokens start with sos: return only the generated tokens, without the start token."
+BM_NO_EOS = ("An output shorter than max_len does not end in eos: keep eos as the last token of a finished "
+             "output.")
+BM_AFTER_EOS = ("An output goes on after eos: a hypothesis that produces eos is finished; move it out of the "
+                "beam and never extend it.")
+BM_TOO_LONG = "An output is longer than max_len tokens."
+BM_NOT_GREEDY = ("With beam_size=1, beam search must give the greedy output: keep the single best extension at "
+                 "each step and stop at eos (or after max_len tokens).")
+BM_RAW = ("The scores add up raw logits: a hypothesis's score is the sum of the LOG-PROBABILITIES of its "
+          "tokens, log_softmax of the logits over the vocabulary.")
+BM_LENGTH_NORM = "The scores are divided by the length: the score is the plain sum of log-probabilities."
+BM_LAST_ONLY = ("The scores are not accumulated: a hypothesis's score must add the log-probability of each new "
+                "token to its prefix's score.")
+BM_PROB = "The scores are probabilities: return the sum of log-probabilities (log_softmax), not a product."
+BM_SCORE = ("A returned log_prob is not the sum of the log-softmax of your decoder's logits for that output's "
+            "tokens (teacher forced from sos).")
+BM_POSITIVE = "A returned log_prob is positive: a log-probability is never above 0."
+BM_NOT_OUTPUT = "A returned output is not a possible output: check the tokens kept for each hypothesis."
+BM_BEST = ("The best output (or its log_prob) differs from the most probable output found by trying every "
+           "possible output: check the scores and that no candidate is lost.")
+BM_EXHAUSTIVE = ("With a beam wide enough never to drop a hypothesis, the outputs must be exactly all possible "
+                 "outputs, ranked by log-probability: some are missing, extra or misranked.")
+BM_REFILL = ("The beam is refilled: after moving the finished extensions out, the next beam holds only the "
+             "unfinished ones AMONG the beam_size best extensions, not beam_size unfinished ones.")
+BM_COMPETE = ("Finished hypotheses stay in the beam and take its places: move an extension that ends in eos "
+              "out of the beam into the finished list; the beam holds only unfinished hypotheses.")
+BM_SPECIAL = "`beam_search` ignores its sos/eos arguments: use the values passed, not the constants SOS and EOS."
+BM_GENERIC = ("`beam_search` differs from the beam search described in part 5, run with your Encoder and "
+              "Decoder: at each step keep the beam_size best extensions of the unfinished hypotheses, move "
+              "those that end in eos or reach max_len to the finished list, and return the beam_size best.")
+
+
+# --- models --------------------------------------------------------------------------------
+
+def _randint(rng, lo, hi):
+    """A random int in [lo, hi]."""
+    return int(torch.randint(lo, hi + 1, (), generator=rng))
+
+
+def _tokens(rng, lo, hi, shape):
+    return torch.randint(lo, hi + 1, shape, generator=rng)
+
+
+class _Model:
+    """Reference modules with fresh weights (here) and the learner's modules with the same weights."""
+
+    def __init__(self, reference, rng, V, E, H, *, scale=1.5, out_scale=1.0, bias=None):
+        self.V, self.E, self.H = V, E, H
+        self.ref_enc, self.ref_dec = reference.Encoder(V, E, H), reference.Decoder(V, E, H)
+        bound = scale / math.sqrt(H)
+        with torch.no_grad():
+            for mod in (self.ref_enc, self.ref_dec):
+                mod.double()
+                for name, p in mod.named_parameters():
+                    if name.startswith("embedding"):
+                        p.copy_(torch.randn(p.shape, generator=rng, dtype=F64))
+                    else:
+                        p.copy_((torch.rand(p.shape, generator=rng, dtype=F64) * 2 - 1) * bound)
+            self.ref_dec.out.weight.mul_(out_scale)
+            for tok, b in (bias or {}).items():
+                self.ref_dec.out.bias[tok] += b
+        self.enc = self.dec = None
+        self.device, self.dtype = "cpu", F64
+
+    def to(self, device="cpu", dtype=F64):
+        """Move the reference modules (here) to `device` and `dtype`."""
+        self.ref_enc.to(device=device, dtype=dtype)
+        self.ref_dec.to(device=device, dtype=dtype)
+        self.device, self.dtype = device, dtype
+        return self
+
+    def load(self, learner):
+        """Build the learner's modules in the worker, with these weights, device and dtype."""
+        self.learner = learner
+        self.enc = learner.Encoder(self.V, self.E, self.H)
+        self.dec = learner.Decoder(self.V, self.E, self.H)
+        for handle, ref in ((self.enc, self.ref_enc), (self.dec, self.ref_dec)):
+            handle.to(device=torch.device(self.device), dtype=self.dtype)
+            handle.load_state_dict(ref.state_dict())
+        return self
+
+
+def _model(learner, reference, rng, V, E, H, *, device="cpu", dtype=F64, **kw):
+    return _Model(reference, rng, V, E, H, **kw).to(device, dtype).load(learner)
+
+
+def _pair(result, hint):
+    expect(isinstance(result, (tuple, list)) and len(result) == 2
+           and all(isinstance(x, torch.Tensor) for x in result), hint)
+    return result
+
+
+PART_ARITY = {"seq2seq_forward": 4, "greedy_decode": 4, "beam_search": 5}
+
+
+def _usable(m, src, part):
+    """The learner's encoder's final state for src, after checking that both modules give the right shapes.
+
+    When a module is still the stub, the part cannot be graded: say so, unless the part's own
+    function is a stub too (found by calling it with placeholder arguments: a stub raises
+    NotImplementedError before it reads them), which is then the more useful thing to say."""
+    B, V, H = src.shape[0], m.V, m.H
+    try:
+        res = m.enc(src)
+        final = res[1] if isinstance(res, (tuple, list)) and len(res) == 2 else None
+        ok = isinstance(final, torch.Tensor) and tuple(final.shape) == (B, H) and final.dtype == m.dtype
+        step = m.dec(torch.full((B,), SOS, dtype=torch.long, device=src.device), final, final) if ok else None
+    except (NotImplementedRemote, LearnerError) as exc:
+        try:
+            getattr(m.learner, part)(*[None] * PART_ARITY[part])
+        except LearnerError:
+            pass  # implemented: it failed on the placeholders, as it should
+        if isinstance(exc, NotImplementedRemote):
+            expect(False, MODULES_STUB.format(exc.name))
+        expect(False, MODULES_RAISED.format(exc.name, exc.etype, exc.message))
+    expect(ok or not (B == 1 and isinstance(final, torch.Tensor) and tuple(final.shape) == (H,)), MODULES_SQUEEZE)
+    expect(ok, MODULES_BROKEN)
+    expect(isinstance(step, (tuple, list)) and len(step) == 2 and all(isinstance(x, torch.Tensor) for x in step)
+           and tuple(step[0].shape) == (B, V) and tuple(step[1].shape) == (B, H), MODULES_BROKEN)
+    return final
+
+
+def _rows_close(a, b, dtype, device):
+    r, t = tolerances(dtype, device)
+    a, b = a.detach().cpu().double(), b.detach().cpu().double()
+    return ((a - b).abs() <= t + r * b.abs()).flatten(1).all(1)
+
+
+def _first_match(got, variants, same):
+    """The hint of the first (hint, thunk) variant whose result `same`s `got`, else None."""
+    for hint, thunk in variants:
+        try:
+            wrong = thunk()
+        except Exception:  # noqa: BLE001 - a variant that cannot run with these modules is no match
+            continue
+        if wrong is not None and same(got, wrong):
+            return hint
+    return None
+
+
+def _close_loose(a, b):
+    return close(a, b, rtol=1e-3, atol=1e-4)
+
+
+def _with_grad(learner, target, *args, what, **kw):
+    """learner.with_grad, with a clear hint when the learner's result carries no gradient."""
+    try:
+        return learner.with_grad(target, *args, **kw)
+    except LearnerError as exc:
+        if "does not depend differentiably" in exc.message:
+            expect(False, NOT_DIFFERENTIABLE.format(what))
+        raise
+
+
+# --- Part 1: the encoder (3 points) ----------------------------------------------------------
+
+def _check_encoder(m, src, device):
+    B, T = src.shape
+    H = m.H
+    outputs, final = _pair(m.enc(src), ENC_PAIR)
+    if tuple(outputs.shape) == (B, H) and tuple(final.shape) == (B, T, H):
+        expect(False, ENC_SWAPPED)
+    expect(tuple(outputs.shape) == (B, T, H), ENC_OUT_SHAPE)
+    expect(tuple(final.shape) != (1, B, H), ENC_NUM_LAYERS)
+    expect(not (B == 1 and tuple(final.shape) == (H,)), ENC_SQUEEZE)
+    expect(tuple(final.shape) == (B, H), ENC_FINAL_SHAPE)
+    expect(outputs.dtype == m.dtype and final.dtype == m.dtype,
+           f"`Encoder.forward` changes the dtype: a {m.dtype} model must give {m.dtype} states.")
+    expect(outputs.device.type == torch.device(device).type, "`Encoder.forward` returns its states on another "
+                                                             "device than its input.")
+    with torch.no_grad():
+        ref_out, ref_final = m.ref_enc(src)
+    expect(close(outputs, ref_out, device), ENC_OUTPUTS)
+    if not close(final, ref_final, device):
+        o = ref_out.detach().cpu().double()
+        hint = _first_match(final.cpu(), [(ENC_FIRST, lambda: o[:, 0]), (ENC_MEAN, lambda: o.mean(1))],
+                            _close_loose)
+        expect(False, hint or ENC_FINAL)
+    return outputs, final
+
+
+@points(1, part="encoder")
+def test_encoder_matches_reference(learner, reference, rng, devices):
+    """Does the Encoder give the reference's states (all of them, and the final one) for any sizes?"""
+    for device in devices:
+        for dtype in (torch.float32, F64):
+            V, E, H = _randint(rng, 5, 9), _randint(rng, 2, 6), _randint(rng, 3, 8)
+            B, T = _randint(rng, 2, 4), _randint(rng, 2, 6)
+            m = _model(learner, reference, rng, V, E, H, device=device, dtype=dtype)
+            _check_encoder(m, _tokens(rng, 0, V - 1, (B, T)).to(device), device)
+
+
+@points(1, part="encoder")
+def test_encoder_final_is_last_state(learner, reference, rng):
+    """Is `final` the last of the states, shape (B, H), also for one source or one token?"""
+    for B, T in ((1, 5), (3, 1), (1, 1), (4, 6)):
+        V, E, H = _randint(rng, 5, 9), _randint(rng, 2, 6), _randint(rng, 3, 8)
+        m = _model(learner, reference, rng, V, E, H)
+        outputs, final = _check_encoder(m, _tokens(rng, 0, V - 1, (B, T)), "cpu")
+        expect(torch.allclose(final, outputs[:, -1]), ENC_FINAL)
+
+
+@points(1, part="encoder")
+def test_encoder_gradients(learner, reference, rng):
+    """Do a loss's gradients reach every parameter of the Encoder, as in the reference?"""
+    V, E, H, B, T = _randint(rng, 5, 9), _randint(rng, 2, 6), _randint(rng, 3, 8), 3, _randint(rng, 2, 6)
+    m = _model(learner, reference, rng, V, E, H)
+    src = _tokens(rng, 0, V - 1, (B, T))
+    _check_encoder(m, src, "cpu")
+    g_out, g_final = torch.randn(B, T, H, generator=rng, dtype=F64), torch.randn(B, H, generator=rng, dtype=F64)
+    res = _with_grad(learner, m.enc, src, cotangents=(g_out, g_final), params=True, what="`Encoder.forward`")
+    m.ref_enc.zero_grad()
+    out, fin = m.ref_enc(src)
+    torch.autograd.backward([out, fin], [g_out, g_final])
+    for name, p in m.ref_enc.named_parameters():
+        g = res.param_grads.get(name)
+        expect(g is not None, f"No gradient reaches the encoder's parameter {name}: is something detached?")
+        expect(close(g, p.grad), GRAD_DIFFERS.format(f"the encoder's parameter {name}"))
+
+
+# --- Part 2: one decoder step (3 points) ----------------------------------------------------
+
+def _decoder_variants(ref_dec, y, h, c):
+    d = copy.deepcopy(ref_dec).cpu().double()
+    y, h, c = y.cpu(), h.detach().cpu().double(), c.detach().cpu().double()
+
+    def run(first, state, out_order=False, new=True):
+        with torch.no_grad():
+            s = d.rnn(first, state) if state is not None else d.rnn(first)
+            return d.out(torch.cat([c, s] if out_order else [s if new else h, c], -1)), s
+
+    with torch.no_grad():
+        e = d.embedding(y)
+    x = torch.cat([e, c], -1)
+    right = lambda: run(x, h)  # noqa: E731
+    return [
+        (DEC_EMB_CTX, lambda: run(torch.cat([c, e], -1), h)),
+        (DEC_OUT_ORDER, lambda: run(x, h, out_order=True)),
+        (DEC_OLD_STATE, lambda: run(x, h, new=False)),
+        (DEC_CTX_STATE, lambda: run(x, c)),
+        (DEC_ZERO_STATE, lambda: run(x, None)),
+        (DEC_SOFTMAX, lambda: (right()[0].softmax(-1), right()[1])),
+        (DEC_LOG_SOFTMAX, lambda: (right()[0].log_softmax(-1), right()[1])),
+    ]
+
+
+def _call_decoder(thunk):
+    """thunk() (a call of the learner's decoder), explaining the layer-size errors of a missing concatenation."""
+    try:
+        return thunk()
+    except LearnerError as exc:
+        if "inconsistent input_size" in exc.message:
+            expect(False, DEC_GRU_INPUT)
+        if "shapes cannot be multiplied" in exc.message:
+            expect(False, DEC_OUT_INPUT)
+        raise
+
+
+def _check_decoder(m, y, h, c, device, result=None):
+    B, V, H = y.shape[0], m.V, m.H
+    logits, hidden = _pair(_call_decoder(lambda: m.dec(y, h, c)) if result is None else result, DEC_PAIR)
+    if V != H and tuple(logits.shape) == (B, H) and tuple(hidden.shape) == (B, V):
+        expect(False, DEC_SWAPPED)
+    expect(tuple(logits.shape) == (B, V) and tuple(hidden.shape) == (B, H), DEC_SHAPES)
+    expect(logits.dtype == m.dtype and hidden.dtype == m.dtype,
+           f"`Decoder.forward` changes the dtype: a {m.dtype} model must give {m.dtype} results.")
+    expect(logits.device.type == torch.device(device).type, "`Decoder.forward` returns its results on another "
+                                                            "device than its inputs.")
+    with torch.no_grad():
+        ref_logits, ref_hidden = m.ref_dec(y, h, c)
+    if not (close(logits, ref_logits, device) and close(hidden, ref_hidden, device)):
+        hint = _first_match((logits.cpu(), hidden.cpu()), _decoder_variants(m.ref_dec, y, h, c),
+                            lambda a, b: _close_loose(a[0], b[0]) and _close_loose(a[1], b[1]))
+        expect(False, hint or DEC_GENERIC)
+    return logits, hidden
+
+
+def _decoder_inputs(rng, m, B, device):
+    y = _tokens(rng, 0, m.V - 1, (B,))
+    h = torch.randn(B, m.H, generator=rng, dtype=F64) * 0.5
+    c = torch.randn(B, m.H, generator=rng, dtype=F64)
+    return y.to(device), h.to(device, m.dtype), c.to(device, m.dtype)
+
+
+@points(1, part="decoder")
+def test_decoder_matches_reference(learner, reference, rng, devices):
+    """Does one Decoder step give the reference's logits and new state, for any sizes?"""
+    for device in devices:
+        for _ in range(2):
+            V, E, H = _randint(rng, 5, 9), _randint(rng, 2, 6), _randint(rng, 3, 8)
+            m = _model(learner, reference, rng, V, E, H, device=device, dtype=torch.float32)
+            _check_decoder(m, *_decoder_inputs(rng, m, _randint(rng, 2, 5), device), device)
+
+
+@points(1, part="decoder")
+def test_decoder_float64_and_batch_of_one(learner, reference, rng):
+    """Does the Decoder work in float64 and for a batch of one, keeping the dtype?"""
+    for B in (1, 3):
+        V, E, H = _randint(rng, 5, 9), _randint(rng, 2, 6), _randint(rng, 3, 8)
+        m = _model(learner, reference, rng, V, E, H)
+        _check_decoder(m, *_decoder_inputs(rng, m, B, "cpu"), "cpu")
+
+
+@points(1, part="decoder")
+def test_decoder_gradients(learner, reference, rng):
+    """Do the gradients reach the hidden state, the context and every parameter, as in the reference?"""
+    V, E, H, B = _randint(rng, 5, 9), _randint(rng, 2, 6), _randint(rng, 3, 8), 3
+    m = _model(learner, reference, rng, V, E, H)
+    y, h, c = _decoder_inputs(rng, m, B, "cpu")
+    g_l, g_h = torch.randn(B, V, generator=rng, dtype=F64), torch.randn(B, H, generator=rng, dtype=F64)
+    res = _call_decoder(lambda: _with_grad(learner, m.dec, y, h, c, cotangents=(g_l, g_h), params=True,
+                                           what="`Decoder.forward`"))
+    _check_decoder(m, y, h, c, "cpu", result=res.output)
+    hr, cr = h.clone().requires_grad_(True), c.clone().requires_grad_(True)
+    m.ref_dec.zero_grad()
+    torch.autograd.backward(list(m.ref_dec(y, hr, cr)), [g_l, g_h])
+    for what, g, e in (("`hidden`", res.arg_grads[1], hr.grad), ("`context`", res.arg_grads[2], cr.grad)):
+        expect(g is not None, f"No gradient reaches {what}: it must enter the step through torch operations "
+                              "(torch.cat, the GRU cell), not be detached.")
+        expect(close(g, e), GRAD_DIFFERS.format(what))
+    for name, p in m.ref_dec.named_parameters():
+        g = res.param_grads.get(name)
+        expect(g is not None, f"No gradient reaches the decoder's parameter {name}: is something detached?")
+        expect(close(g, p.grad), GRAD_DIFFERS.format(f"the decoder's parameter {name}"))
+
+
+# --- Part 3: teacher forcing (4 points) ------------------------------------------------------
+
+def _unroll(final, dec, n_steps, feed, *, hidden0=None, ctx_is_state=False, carry=True):
+    """The decoder's logits (B, n_steps, V), run from here; feed(t, logits so far) gives step t's input."""
+    hidden = final if hidden0 is None else hidden0
+    steps = []
+    for t in range(n_steps):
+        logits, new = _pair(dec(feed(t, steps), hidden, hidden if ctx_is_state else final), MODULES_BROKEN)
+        steps.append(logits)
+        if carry:
+            hidden = new
+    return torch.stack(steps, 1)
+
+
+def _teacher(tgt, sos, current=False, no_sos=False):
+    start = torch.full_like(tgt[:, 0], sos)
+
+    def feed(t, steps):
+        if no_sos:
+            return tgt[:, t]
+        return start if t == 0 else tgt[:, t if current else t - 1]
+
+    return feed
+
+
+def _own(sos, B, device):
+    start = torch.full((B,), sos, dtype=torch.long, device=device)
+    return lambda t, steps: start if t == 0 else steps[-1].argmax(-1)
+
+
+def _check_logits_shape(got, B, T_out, V):
+    expect(isinstance(got, torch.Tensor), TF_SHAPE)
+    if tuple(got.shape) == (T_out, B, V) and B != T_out:
+        expect(False, TF_STACK)
+    expect(tuple(got.shape) == (B, T_out, V), TF_SHAPE)
+
+
+def _teacher_variants(final, dec, tgt, sos, expected):
+    B, T_out = tgt.shape
+    out = [
+        (TF_CURRENT, lambda: _unroll(final, dec, T_out, _teacher(tgt, sos, current=True))),
+        (TF_NO_SOS, lambda: _unroll(final, dec, T_out, _teacher(tgt, sos, no_sos=True))),
+        (TF_OWN, lambda: _unroll(final, dec, T_out, _own(sos, B, tgt.device))),
+        (TF_ZERO_STATE, lambda: _unroll(final, dec, T_out, _teacher(tgt, sos), hidden0=torch.zeros_like(final))),
+        (TF_CTX_STATE, lambda: _unroll(final, dec, T_out, _teacher(tgt, sos), ctx_is_state=True)),
+        (TF_NOT_CARRIED, lambda: _unroll(final, dec, T_out, _teacher(tgt, sos), carry=False)),
+        (TF_PROBS, lambda: expected.softmax(-1)),
+        (TF_LOGPROBS, lambda: expected.log_softmax(-1)),
+    ]
+    if sos != SOS:
+        out.insert(0, (TF_IGNORES_SOS, lambda: _unroll(final, dec, T_out, _teacher(tgt, SOS))))
+    return out
+
+
+def _seq2seq_setup(learner, reference, rng, device="cpu", dtype=F64, B=None, T_out=None, V=None):
+    V = V or _randint(rng, 6, 9)
+    m = _model(learner, reference, rng, V, _randint(rng, 2, 6), _randint(rng, 3, 8), device=device, dtype=dtype)
+    B, T, T_out = B or _randint(rng, 2, 4), _randint(rng, 2, 5), T_out or _randint(rng, 3, 6)
+    src = _tokens(rng, 3, V - 1, (B, T)).to(device)
+    tgt = _tokens(rng, 3, V - 1, (B, T_out)).to(device)
+    return m, src, tgt, _usable(m, src, "seq2seq_forward")
+
+
+@points(1, part="seq2seq_forward")
+def test_seq2seq_teacher_forcing_matches_reference(learner, reference, rng, devices):
+    """With teacher_forcing_ratio=1.0, are the logits those of step-by-step teacher forcing, for any sizes?"""
+    for device in devices:
+        for dtype, sos in ((torch.float32, None), (F64, 4)):
+            m, src, tgt, final = _seq2seq_setup(learner, reference, rng, device, dtype)
+            s = SOS if sos is None else sos
+            expected = _unroll(final, m.dec, tgt.shape[1], _teacher(tgt, s))
+            kwargs = {"teacher_forcing_ratio": 1.0, **({} if sos is None else {"sos": sos})}
+            got = learner.seq2seq_forward(m.enc, m.dec, src, tgt, **kwargs)
+            _check_logits_shape(got, *tgt.shape, m.V)
+            expect(got.dtype == dtype,
+                   f"`seq2seq_forward` changes the dtype: a {dtype} model must give {dtype} logits.")
+            if not close(got, expected, device):
+                hint = _first_match(got.cpu(), _teacher_variants(final, m.dec, tgt, s, expected),
+                                    lambda a, b: _close_loose(a, b.cpu()))
+                expect(False, hint or TF_GENERIC)
+
+
+@points(1, part="seq2seq_forward")
+def test_seq2seq_default_is_deterministic_and_differentiable(learner, reference, rng):
+    """With the default ratio, is the result teacher forced, the same every time, and differentiable?"""
+    # Compared with the learner's own ratio-1.0 result: whether that is right is the previous check's business.
+    m, src, tgt, final = _seq2seq_setup(learner, reference, rng)
+    forced = learner.seq2seq_forward(m.enc, m.dec, src, tgt, teacher_forcing_ratio=1.0)
+    _check_logits_shape(forced, *tgt.shape, m.V)
+    a = learner.seq2seq_forward(m.enc, m.dec, src, tgt)
+    b = learner.seq2seq_forward(m.enc, m.dec, src, tgt)
+    _check_logits_shape(a, *tgt.shape, m.V)
+    expect(isinstance(b, torch.Tensor) and torch.equal(a, b), TF_NOT_DETERMINISTIC)
+    expect(torch.equal(a, forced), TF_DEFAULT)
+    g = torch.randn(a.shape, generator=rng, dtype=F64)
+    res = _with_grad(learner, "seq2seq_forward", m.enc, m.dec, src, tgt, cotangents=(g,), what="`seq2seq_forward`")
+    expect(isinstance(res.output, torch.Tensor) and torch.equal(res.output, a), TF_NOT_DETERMINISTIC)
+
+
+@points(1, part="seq2seq_forward")
+def test_seq2seq_free_running(learner, reference, rng):
+    """With teacher_forcing_ratio=0.0, does the model read its own previous prediction at every step?"""
+    for _ in range(2):
+        m, src, tgt, final = _seq2seq_setup(learner, reference, rng)
+        B, T_out = tgt.shape
+        expected = _unroll(final, m.dec, T_out, _own(SOS, B, src.device))
+        got = learner.seq2seq_forward(m.enc, m.dec, src, tgt, teacher_forcing_ratio=0.0)
+        _check_logits_shape(got, B, T_out, m.V)
+        if not close(got, expected):
+            own = _own(SOS, B, src.device)
+            hint = _first_match(got, [
+                (FR_TEACHER, lambda: _unroll(final, m.dec, T_out, _teacher(tgt, SOS))),
+                (TF_ZERO_STATE, lambda: _unroll(final, m.dec, T_out, own, hidden0=torch.zeros_like(final))),
+                (TF_CTX_STATE, lambda: _unroll(final, m.dec, T_out, own, ctx_is_state=True)),
+                (TF_NOT_CARRIED, lambda: _unroll(final, m.dec, T_out, own, carry=False)),
+            ], _close_loose)
+            expect(False, hint or FR_GENERIC)
+
+
+@points(1, part="seq2seq_forward")
+def test_seq2seq_mixed_ratio_decides_per_step(learner, reference, rng):
+    """With ratio 0.5, does each step feed either the true or the predicted previous token, for the whole batch?"""
+    m, src, tgt, final = _seq2seq_setup(learner, reference, rng, B=4, T_out=8, V=9)
+    B, T_out = tgt.shape
+    # A teacher-forced step must be right first (else what follows cannot say which input a step fed).
+    forced = _unroll(final, m.dec, T_out, _teacher(tgt, SOS))
+    got = learner.seq2seq_forward(m.enc, m.dec, src, tgt, teacher_forcing_ratio=1.0)
+    _check_logits_shape(got, B, T_out, m.V)
+    if not close(got, forced):
+        expect(False, _first_match(got, _teacher_variants(final, m.dec, tgt, SOS, forced), _close_loose) or TF_GENERIC)
+    start = torch.full((B,), SOS, dtype=torch.long)
+    mixed_calls, seen = 0, set()
+    for _ in range(6):
+        got = learner.seq2seq_forward(m.enc, m.dec, src, tgt, teacher_forcing_ratio=0.5)
+        _check_logits_shape(got, B, T_out, m.V)
+        logits, hidden = m.dec(start, final, final)
+        if not bool(_rows_close(got[:, 0], logits, F64, "cpu").all()):
+            hint = _first_match(got[:, :1], _teacher_variants(final, m.dec, tgt[:, :1], SOS, logits.unsqueeze(1)),
+                                _close_loose)
+            expect(False, hint or TF_GENERIC)
+        # Follow each row's possible paths: (row, decoder state, what each step fed). A row has one path,
+        # unless the learner's decoder made two inputs give the same logits; a later step then tells.
+        paths = [(i, hidden[i], ()) for i in range(B)]
+        for t in range(1, T_out):
+            a, b = tgt[:, t - 1], got[:, t - 1].argmax(-1)
+            rows = [i for i, _, _ in paths]
+            y = torch.cat([a[rows], b[rows]])
+            lg, new = m.dec(y, torch.stack([h for _, h, _ in paths] * 2), final[rows + rows])
+            match = _rows_close(lg, got[rows + rows, t], F64, "cpu")
+            n, nxt = len(paths), []
+            for k in range(2 * n):
+                i, _, fed = paths[k % n]
+                same = bool(a[i] == b[i])
+                if match[k] and not (same and k >= n) and sum(j == i for j, _, _ in nxt) < 16:
+                    nxt.append((i, new[k], fed + (None if same else "teacher" if k < n else "own",)))
+            if {i for i, _, _ in nxt} != set(range(B)):
+                current, _ = m.dec(tgt[rows, t], torch.stack([h for _, h, _ in paths]), final[rows])
+                expect(not _rows_close(current, got[rows, t], F64, "cpu").any(), TF_CURRENT)
+                expect(False, MIX_NEITHER)
+            paths = nxt
+        kinds = set()
+        for t in range(T_out - 1):
+            decided = set()
+            for i in range(B):
+                fed = {f[t] for j, _, f in paths if j == i}
+                if len(fed) == 1 and None not in fed:
+                    decided |= fed
+            expect(len(decided) < 2, MIX_PER_ROW)
+            kinds |= decided
+        seen |= kinds
+        mixed_calls += len(kinds) == 2
+    expect(len(seen) == 2, MIX_NEVER)
+    expect(mixed_calls > 0, MIX_PER_CALL)
+
+
+# --- Part 4: greedy decoding (4 points) ------------------------------------------------------
+
+def _greedy(final, dec, max_len, sos=SOS, eos=EOS, pad=PAD, *, mask=True, early=True, any_stop=False,
+            with_sos=False):
+    """Greedy decoding run from here with `dec` (a module or the learner's handle); flags make mistakes."""
+    B = final.shape[0]
+    y = torch.full((B,), sos, dtype=torch.long, device=final.device)
+    finished = torch.zeros(B, dtype=torch.bool, device=final.device)
+    hidden, toks = final, []
+    for _ in range(max_len):
+        logits, hidden = _pair(dec(y, hidden, final), MODULES_BROKEN)
+        y = logits.argmax(-1)
+        if mask:
+            y = y.masked_fill(finished, pad)
+        toks.append(y)
+        finished = finished | (y == eos)
+        if early and bool(finished.any() if any_stop else finished.all()):
+            break
+    out = torch.stack(toks, 1)
+    if with_sos:
+        out = torch.cat([torch.full((B, 1), sos, dtype=torch.long, device=out.device), out], 1)
+    return out
+
+
+def _finishes_unevenly(out, eos):
+    """True when some row has produced eos while another is still going (so that padding shows)."""
+    L = out.shape[1]
+    firsts = [row.index(eos) if eos in row else L for row in out.tolist()]
+    return min(firsts) < L - 1
+
+
+def _greedy_model(learner, reference, rng, B, max_len, *, device="cpu", dtype=F64, sos=SOS, eos=EOS, V=None):
+    """A model (tried here first) whose greedy outputs finish at different steps, and its sources (B, T)."""
+    for _ in range(40):
+        V = V or _randint(rng, 6, 9)
+        m = _Model(reference, rng, V, _randint(rng, 2, 6), _randint(rng, 3, 8), out_scale=2.0,
+                   bias={eos: float(torch.rand((), generator=rng)) * 3})
+        src = _tokens(rng, 3, V - 1, (B, _randint(rng, 2, 5)))
+        with torch.no_grad():
+            _, final = m.ref_enc(src)
+            if B == 1 or _finishes_unevenly(_greedy(final, m.ref_dec, max_len, sos, eos), eos):
+                break
+    return m.to(device, dtype).load(learner), src.to(device)
+
+
+def _check_greedy(learner, m, src, max_len, device, **special):
+    sos, eos, pad = special.get("sos", SOS), special.get("eos", EOS), special.get("pad", PAD)
+    final = _usable(m, src, "greedy_decode")
+    expected = _greedy(final, m.dec, max_len, sos, eos, pad)
+    got = learner.greedy_decode(m.enc, m.dec, src, max_len, **special)
+    expect(isinstance(got, torch.Tensor), GR_TYPE)
+    expect(got.dtype == torch.long, GR_DTYPE)
+    expect(got.device.type == torch.device(device).type, GR_DEVICE)
+    if not torch.equal(got.cpu(), expected.cpu()):
+        hint = _first_match(got.cpu(), [
+            (GR_NO_PAD, lambda: _greedy(final, m.dec, max_len, sos, eos, pad, mask=False)),
+            (GR_NO_PAD, lambda: _greedy(final, m.dec, max_len, sos, eos, pad, mask=False, early=False)),
+            (GR_NO_STOP, lambda: _greedy(final, m.dec, max_len, sos, eos, pad, early=False)),
+            (GR_ANY_STOP, lambda: _greedy(final, m.dec, max_len, sos, eos, pad, any_stop=True)),
+            (GR_WITH_SOS, lambda: _greedy(final, m.dec, max_len, sos, eos, pad, with_sos=True)),
+            (GR_WITH_SOS, lambda: _greedy(final, m.dec, max_len, sos, eos, pad, with_sos=True, early=False)),
+            (GR_SPECIAL, lambda: _greedy(final, m.dec, max_len) if special else None),
+            (GR_STEPS, lambda: _greedy(final, m.dec, max_len - 1, sos, eos, pad)),
+            (GR_STEPS, lambda: _greedy(final, m.dec, max_len + 1, sos, eos, pad)),
+        ], lambda a, b: torch.equal(a, b.cpu()))
+        expect(hint is None, hint)
+        expect(got.dim() == 2 and got.shape[0] == src.shape[0] and got.shape[1] <= max_len, GR_SHAPE)
+        expect(False, GR_GENERIC)
+    return got
+
+
+@points(1, part="greedy_decode")
+def test_greedy_matches_reference(learner, reference, rng, devices):
+    """Does greedy_decode give the argmax path of the model, row by row, for any batch?"""
+    for device in devices:
+        for B, max_len, dtype in ((5, 6, F64), (1, 4, F64), (6, 5, torch.float32)):
+            m, src = _greedy_model(learner, reference, rng, B, max_len, device=device, dtype=dtype)
+            _check_greedy(learner, m, src, max_len, device)
+
+
+@points(1, part="greedy_decode")
+def test_greedy_pads_after_eos(learner, reference, rng):
+    """Does each row keep its eos and hold only pad after it, while other rows go on?"""
+    for _ in range(2):
+        m, src = _greedy_model(learner, reference, rng, 6, 6)
+        got = _check_greedy(learner, m, src, 6, "cpu")
+        for row in got.tolist():
+            if EOS in row:
+                expect(all(t == PAD for t in row[row.index(EOS) + 1:]), GR_NO_PAD)
+
+
+@points(1, part="greedy_decode")
+def test_greedy_max_len_and_early_stop(learner, reference, rng):
+    """Does it take exactly max_len steps when no row ends, and stop at once when every row does?"""
+    for max_len in (1, 2, 5):
+        V = _randint(rng, 6, 9)
+        m = _model(learner, reference, rng, V, _randint(rng, 2, 6), _randint(rng, 3, 8), bias={EOS: -50.0})
+        src = _tokens(rng, 3, V - 1, (3, 4))
+        got = _check_greedy(learner, m, src, max_len, "cpu")
+        expect(tuple(got.shape) == (3, max_len), GR_MAX_LEN)
+    m = _model(learner, reference, rng, V, _randint(rng, 2, 6), _randint(rng, 3, 8), bias={EOS: 50.0})
+    _usable(m, src, "greedy_decode")
+    got = learner.greedy_decode(m.enc, m.dec, src, 5)
+    expect(isinstance(got, torch.Tensor) and got.tolist() == [[EOS]] * 3, GR_ALL_EOS)
+
+
+@points(1, part="greedy_decode")
+def test_greedy_honours_sos_eos_pad(learner, reference, rng):
+    """Does greedy_decode use the sos, eos and pad ids it is given?"""
+    for special in ({"sos": 3, "eos": 4, "pad": 5}, {"sos": 2, "eos": 1, "pad": 6}):
+        m, src = _greedy_model(learner, reference, rng, 5, 6, sos=special["sos"], eos=special["eos"], V=8)
+        _check_greedy(learner, m, src, 6, "cpu", **special)
+
+
+# --- Part 5: beam search (6 points) ----------------------------------------------------------
+
+def _numel(x):
+    return x.numel() if isinstance(x, torch.Tensor) else int(np.size(x))
+
+
+def _as_int(t):
+    """A one-element integer tensor or array, or a NumPy integer, as an int; anything else unchanged."""
+    if isinstance(t, torch.Tensor) and t.numel() == 1 and not t.is_floating_point():
+        return int(t)
+    if isinstance(t, (np.ndarray, np.integer)) and np.size(t) == 1 and np.issubdtype(np.asarray(t).dtype, np.integer):
+        return int(t)
+    return t
+
+
+def _hyps(result, beam_size, strict=False):
+    """The learner's beam search result as [(tokens tuple, float)], checking its form."""
+    expect(isinstance(result, (list, tuple)), BM_LIST)
+    out = []
+    for item in result:
+        expect(isinstance(item, (list, tuple)) and len(item) == 2, BM_PAIR)
+        toks, score = item
+        if isinstance(toks, (torch.Tensor, np.ndarray)) and not strict:
+            toks = toks.tolist()
+        expect(isinstance(toks, list), BM_TOKENS)
+        if not strict:
+            toks = [_as_int(t) for t in toks]
+        expect(all(type(t) is int for t in toks), BM_TOKENS)
+        if isinstance(score, (torch.Tensor, np.ndarray, np.floating)) and not strict and _numel(score) == 1:
+            score = float(score)
+        expect(type(score) is float or (not strict and type(score) is int), BM_FLOAT)
+        out.append((tuple(toks), float(score)))
+    expect(len(out) <= beam_size, BM_TOO_MANY)
+    expect(len(out) > 0, BM_EMPTY)
+    return out
+
+
+def _beam(context, dec, beam_size, max_len, sos=SOS, eos=EOS, *, raw=False, accumulate=True, refill=False,
+          sort=True):
+    """Beam search run from here with `dec` (a module or the learner's handle); flags make mistakes."""
+    hidden, seqs, device = context, [()], context.device
+    scores = torch.zeros(1, dtype=F64)
+    y = torch.full((1,), sos, dtype=torch.long, device=device)
+    finished = []
+    for step in range(max_len):
+        n = len(seqs)
+        logits, hidden = _pair(dec(y, hidden, context.expand(n, -1)), MODULES_BROKEN)
+        lg = logits.detach().cpu().double()
+        step_scores = lg if raw else F.log_softmax(lg, dim=-1)
+        total = (scores.unsqueeze(1) if accumulate else 0) + step_scores
+        V = lg.shape[-1]
+        order = total.flatten().argsort(descending=True).tolist()
+        keep = []
+        for rank, i in enumerate(order):
+            b, tok = divmod(i, V)
+            seq, score = seqs[b] + (tok,), float(total[b, tok])
+            done = tok == eos or step == max_len - 1
+            if rank < beam_size:
+                (finished.append((seq, score)) if done else keep.append((seq, b, tok)))
+            elif refill and not done and len(keep) < beam_size:
+                keep.append((seq, b, tok))
+            elif not refill or len(keep) >= beam_size:
+                break
+        if not keep:
+            break
+        rows = torch.tensor([b for _, b, _ in keep], device=device)
+        seqs = [s for s, _, _ in keep]
+        hidden = hidden[rows]
+        scores = torch.tensor([float(total[b, t]) for _, b, t in keep], dtype=F64)
+        y = torch.tensor([t for _, _, t in keep], dtype=torch.long, device=device)
+    if sort:
+        finished.sort(key=lambda p: p[1], reverse=True)
+    return finished[:beam_size]
+
+
+def _beam_compete(context, dec, beam_size, max_len, sos=SOS, eos=EOS):
+    """The mistake of keeping finished hypotheses in the beam, where they take the place of live ones."""
+    beam = [((), 0.0, False, None)]  # (seq, score, done, row of `hidden`)
+    hidden, device = context, context.device
+    for step in range(max_len):
+        live = [e for e in beam if not e[2]]
+        if not live:
+            break
+        rows = torch.tensor([e[3] or 0 for e in live], device=device)
+        y = torch.tensor([e[0][-1] if e[0] else sos for e in live], dtype=torch.long, device=device)
+        logits, new = _pair(dec(y, hidden[rows], context.expand(len(live), -1)), MODULES_BROKEN)
+        logp = F.log_softmax(logits.detach().cpu().double(), -1)
+        cands = [e for e in beam if e[2]]
+        for i, (seq, score, _, _) in enumerate(live):
+            for tok in range(logp.shape[1]):
+                cands.append((seq + (tok,), score + float(logp[i, tok]), tok == eos or step == max_len - 1, i))
+        cands.sort(key=lambda e: e[1], reverse=True)
+        beam, hidden = cands[:beam_size], new
+    return [(s, sc) for s, sc, _, _ in sorted(beam, key=lambda e: e[1], reverse=True) if s][:beam_size]
+
+
+def _same_hyps(got, expected, tol=1e-6):
+    return len(got) == len(expected) and all(
+        a == c and abs(b - d) <= tol * (1 + abs(d)) for (a, b), (c, d) in zip(got, expected))
+
+
+def _enumerate(context, dec, max_len, sos=SOS, eos=EOS):
+    """Every possible output -> (sum of log-softmax, sum of raw logits, last log-softmax), by brute force."""
+    frontier, hidden, device = [((), 0.0, 0.0)], context, context.device
+    y = torch.full((1,), sos, dtype=torch.long, device=device)
+    table = {}
+    for step in range(max_len):
+        logits, hidden = _pair(dec(y, hidden, context.expand(len(frontier), -1)), MODULES_BROKEN)
+        lg = logits.detach().cpu().double()
+        logp = F.log_softmax(lg, -1)
+        nxt, rows = [], []
+        for i, (seq, lp, ls) in enumerate(frontier):
+            for tok in range(lg.shape[1]):
+                entry = (seq + (tok,), lp + float(logp[i, tok]), ls + float(lg[i, tok]))
+                if tok == eos or step == max_len - 1:
+                    table[entry[0]] = (entry[1], entry[2], float(logp[i, tok]))
+                else:
+                    nxt.append(entry)
+                    rows.append(i)
+        if not nxt:
+            break
+        hidden = hidden[torch.tensor(rows, device=device)]
+        y = torch.tensor([s[-1] for s, _, _ in nxt], dtype=torch.long, device=device)
+        frontier = nxt
+    return table
+
+
+def _teacher_table(context, dec, seqs, V, sos=SOS):
+    """Like _enumerate's table, for the given outputs only (those of valid tokens), teacher forced from here."""
+    seqs = [s for s in seqs if s and all(0 <= t < V for t in s)]
+    if not seqs:
+        return {}
+    n, device = len(seqs), context.device
+    hidden, y, steps = context.expand(n, -1), torch.full((n,), sos, dtype=torch.long, device=device), []
+    for k in range(max(map(len, seqs))):
+        logits, hidden = _pair(dec(y, hidden, context.expand(n, -1)), MODULES_BROKEN)
+        steps.append(logits.detach().cpu().double())
+        y = torch.tensor([s[k] if k < len(s) else 0 for s in seqs], dtype=torch.long, device=device)
+    table = {}
+    for i, s in enumerate(seqs):
+        lg = [steps[k][i, tok] for k, tok in enumerate(s)]
+        lp = [F.log_softmax(steps[k][i], -1)[tok] for k, tok in enumerate(s)]
+        table[s] = (float(sum(lp)), float(sum(lg)), float(lp[-1]))
+    return table
+
+
+def _ranked(table):
+    return sorted(((s, v[0]) for s, v in table.items()), key=lambda p: p[1], reverse=True)
+
+
+def _check_well_formed(hyps, max_len, sos=SOS, eos=EOS):
+    if any(len(t) > max_len for t, _ in hyps) and all(t[:1] == (sos,) for t, _ in hyps):
+        expect(False, BM_WITH_SOS)
+    for toks, _ in hyps:
+        expect(len(toks) <= max_len, BM_TOO_LONG)
+        expect(eos not in toks[:-1], BM_AFTER_EOS)
+        expect(len(toks) == max_len or (toks and toks[-1] == eos), BM_NO_EOS)
+    expect(len(set(t for t, _ in hyps)) == len(hyps), BM_DUPLICATE)
+    scores = [s for _, s in hyps]
+    expect(all(a >= b - 1e-9 * (1 + abs(b)) for a, b in zip(scores, scores[1:])), BM_UNSORTED)
+
+
+def _check_scores(hyps, table, max_len, sos=SOS, eos=EOS):
+    """Each returned score must be its output's true log-probability; name the mistake if not."""
+    for toks, s in hyps:
+        if toks not in table:
+            if toks[:1] == (sos,) and toks[1:] in table:
+                expect(False, BM_WITH_SOS)
+            if len(toks) < max_len and toks + (eos,) in table:
+                expect(False, BM_NO_EOS)
+            _check_well_formed([(toks, s)], max_len, sos, eos)
+            expect(False, BM_NOT_OUTPUT)
+        logp, logit_sum, last = table[toks]
+        if abs(s - logp) > 1e-6 * (1 + abs(logp)):
+            if toks[:1] == (sos,) and toks[1:] in table:
+                expect(abs(s - table[toks[1:]][0]) > 1e-6 * (1 + abs(s)), BM_WITH_SOS)
+            for hint, value in ((BM_RAW, logit_sum), (BM_LENGTH_NORM, logp / len(toks)), (BM_LAST_ONLY, last),
+                                (BM_PROB, math.exp(logp))):
+                expect(abs(s - value) > 1e-5 * (1 + abs(value)), hint)
+            expect(s <= 1e-9, BM_POSITIVE)
+            expect(False, BM_SCORE)
+
+
+def _beam_mistake(name, ctx, dec, beam_size, max_len, sos, eos):
+    if name == "unsorted":  # finished in the order they finish: a result out of order
+        scores = [sc for _, sc in _beam(ctx, dec, beam_size, max_len, sos, eos, sort=False)]
+        return None if scores != sorted(scores, reverse=True) else _beam(ctx, dec, beam_size, max_len, sos, eos)
+    if name == "compete":
+        return _beam_compete(ctx, dec, beam_size, max_len, sos, eos)
+    return _beam(ctx, dec, beam_size, max_len, sos, eos, **{"refill": {"refill": True}, "sort": {"sort": False}}[name])
+
+
+def _beam_model(reference, rng, V, max_len, *, sos=SOS, eos=EOS, out_scale=4.0, best_not_greedy=True,
+                beam_size=None, mistake=None):
+    """A model, tried here first, on which beam search is worth checking: the greedy output is not
+    the most probable one and no two outputs are near-tied (with `best_not_greedy`, for a tiny
+    vocabulary), or the typical `mistake` changes the result of a beam of `beam_size`."""
+    for _ in range(80):
+        m = _Model(reference, rng, V, _randint(rng, 2, 5), _randint(rng, 3, 6), out_scale=out_scale,
+                   bias={eos: 1 + float(torch.rand((), generator=rng)) * 2})
+        src = _tokens(rng, 3, V - 1, (_randint(rng, 2, 5),))
+        with torch.no_grad():
+            _, ctx = m.ref_enc(src.unsqueeze(0))
+            if mistake is not None:
+                right = _beam(ctx, m.ref_dec, beam_size, max_len, sos, eos)
+                wrong = _beam_mistake(mistake, ctx, m.ref_dec, beam_size, max_len, sos, eos)
+                if wrong is None or not _same_hyps(wrong, right):
+                    break
+            elif best_not_greedy:
+                ranked = _ranked(_enumerate(ctx, m.ref_dec, max_len, sos, eos))
+                greedy = _greedy(ctx, m.ref_dec, max_len, sos, eos)[0].tolist()
+                greedy = tuple(greedy[:greedy.index(eos) + 1] if eos in greedy else greedy)
+                if ranked[0][0] != greedy and min(a[1] - b[1] for a, b in zip(ranked, ranked[1:])) > 1e-6:
+                    break
+            else:
+                break
+    return m, src
+
+
+@points(1, part="beam_search")
+def test_beam_size_one_is_greedy(learner, reference, rng):
+    """With beam_size=1, is the single output the greedy output?"""
+    for V, max_len in ((5, 3), (6, 4), (4, 1)):
+        m, src = _beam_model(reference, rng, V, max_len, best_not_greedy=max_len > 1)
+        m.load(learner)
+        final = _usable(m, src.unsqueeze(0), "beam_search")
+        greedy = _greedy(final, m.dec, max_len)[0].tolist()
+        greedy = tuple(greedy[:greedy.index(EOS) + 1] if EOS in greedy else greedy)
+        hyps = _hyps(learner.beam_search(m.enc, m.dec, src, 1, max_len), 1)
+        toks = hyps[0][0]
+        if toks != greedy:
+            expect(toks != (SOS,) + greedy, BM_WITH_SOS)
+            expect(toks + (EOS,) != greedy, BM_NO_EOS)
+            expect(False, BM_NOT_GREEDY)
+
+
+@points(2, part="beam_search")
+def test_beam_matches_exhaustive_search(learner, reference, rng):
+    """With a beam that never drops a hypothesis, are the outputs exactly every possible output, best first?"""
+    for V, max_len in ((4, 3), (5, 3)):
+        m, src = _beam_model(reference, rng, V, max_len)
+        m.load(learner)
+        context = _usable(m, src.unsqueeze(0), "beam_search")
+        table = _enumerate(context, m.dec, max_len)
+        truth = _ranked(table)
+        beam_size = V ** max_len
+        hyps = _hyps(learner.beam_search(m.enc, m.dec, src, beam_size, max_len), beam_size)
+        _check_well_formed(hyps, max_len)
+        _check_scores(hyps, table, max_len)
+        (best, best_score), (tbest, tscore) = hyps[0], truth[0]
+        expect(best == tbest and abs(best_score - tscore) <= 1e-6 * (1 + abs(tscore)), BM_BEST)
+        expect(len(hyps) == len(truth) and all(abs(a[1] - b[1]) <= 1e-6 * (1 + abs(b[1]))
+                                               for a, b in zip(hyps, truth)), BM_EXHAUSTIVE)
+
+
+@points(1, part="beam_search")
+def test_beam_scores_are_log_probabilities(learner, reference, rng):
+    """Is each returned log_prob the sum of the log-softmax of the logits for that output's tokens?"""
+    for V, max_len, beam_size in ((5, 3, 3), (4, 4, 2)):
+        m, src = _beam_model(reference, rng, V, max_len)
+        m.load(learner)
+        table = _enumerate(_usable(m, src.unsqueeze(0), "beam_search"), m.dec, max_len)
+        hyps = _hyps(learner.beam_search(m.enc, m.dec, src, beam_size, max_len), beam_size)
+        _check_scores(hyps, table, max_len)
+
+
+@points(1, part="beam_search")
+def test_beam_returns_sorted_finished_outputs(learner, reference, rng, devices):
+    """Does it return at most beam_size (list of ints, float) pairs, finished at eos or max_len, best first?"""
+    for device in devices:
+        for dtype in (torch.float32, F64):
+            m, src = _beam_model(reference, rng, 5, 4, out_scale=3.0, beam_size=5, mistake="unsorted")
+            m.to(device, dtype).load(learner)
+            _usable(m, src.unsqueeze(0).to(device), "beam_search")
+            hyps = _hyps(learner.beam_search(m.enc, m.dec, src.to(device), 5, 4), 5, strict=True)
+            _check_well_formed(hyps, 4)
+
+
+@points(1, part="beam_search")
+def test_beam_matches_reference(learner, reference, rng):
+    """With a beam of 3 on larger vocabularies, and with other sos/eos ids, are the outputs the reference's?"""
+    for V, max_len, beam_size, sos, eos, mistake in ((7, 4, 3, SOS, EOS, "refill"), (8, 4, 3, SOS, EOS, "compete"),
+                                                     (7, 4, 3, 4, 3, "sort")):
+        m, src = _beam_model(reference, rng, V, max_len, sos=sos, eos=eos, out_scale=1.5 + (mistake == "sort") / 2,
+                             beam_size=beam_size, mistake=mistake)
+        m.load(learner)
+        ctx = _usable(m, src.unsqueeze(0), "beam_search")
+        expected = _beam(ctx, m.dec, beam_size, max_len, sos, eos)
+        special = {} if (sos, eos) == (SOS, EOS) else {"sos": sos, "eos": eos}
+        hyps = _hyps(learner.beam_search(m.enc, m.dec, src, beam_size, max_len, **special), beam_size)
+        if not _same_hyps(hyps, expected):
+            hint = _first_match(hyps, [
+                (BM_RAW, lambda: _beam(ctx, m.dec, beam_size, max_len, sos, eos, raw=True)),
+                (BM_LAST_ONLY, lambda: _beam(ctx, m.dec, beam_size, max_len, sos, eos, accumulate=False)),
+                (BM_REFILL, lambda: _beam(ctx, m.dec, beam_size, max_len, sos, eos, refill=True)),
+                (BM_COMPETE, lambda: _beam_compete(ctx, m.dec, beam_size, max_len, sos, eos)),
+                (BM_UNSORTED, lambda: _beam(ctx, m.dec, beam_size, max_len, sos, eos, sort=False)),
+                (BM_SPECIAL, lambda: _beam(ctx, m.dec, beam_size, max_len) if special else None),
+            ], lambda a, b: _same_hyps(a, b, tol=1e-5))
+            expect(hint is None, hint)
+            _check_well_formed(hyps, max_len, sos, eos)
+            seqs = [t for t, _ in hyps] + [t[1:] for t, _ in hyps]
+            _check_scores(hyps, _teacher_table(ctx, m.dec, seqs, m.V, sos), max_len, sos, eos)
+            expect(False, BM_GENERIC)
