@@ -33,7 +33,8 @@ HIDDEN_TEXT = '"""Hidden tests for exercise 03_qkv'  # first line of the hidden 
 SOLUTION_TEXT = "Reference solutions for exercise 03_qkv"
 OTHER_TEXT = "OTHER-LEARNER-SECRET-ANSWER-0451"
 CANARY_TEXT = "HOST-CANARY-SECRET-9931"
-TIMEOUT = "15"  # seconds per submission: the two endless loops cost this much each
+TIMEOUT = "40"  # seconds per submission: the two endless loops cost this much each; the
+# memory hog alone takes 6-11 s to fill its 4 GiB cap on a 2-core machine
 
 
 def _sha(path: Path) -> str:
