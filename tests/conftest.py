@@ -38,6 +38,16 @@ def edit(nb: nbformat.NotebookNode, old: str, new: str) -> nbformat.NotebookNode
     return nb
 
 
+def mistake(key: str, *pairs: tuple[str, str]):
+    """A maker of the reference notebook of `key` with each (old, new) text edit applied."""
+    def make() -> nbformat.NotebookNode:
+        nb = reference_notebook(key)
+        for old, new in pairs:
+            edit(nb, old, new)
+        return nb
+    return make
+
+
 def add_cell(nb: nbformat.NotebookNode, source: str, after_grade_id: str | None = None) -> nbformat.NotebookNode:
     """Add a code cell the learner wrote (no nbgrader metadata), after a given cell or at the end."""
     cell = nbformat.v4.new_code_cell(source)

@@ -8,7 +8,7 @@ import csv
 import pytest
 from nbgrader.api import Gradebook
 
-from conftest import edit, learner_notebook, reference_notebook, run_json, write
+from conftest import learner_notebook, mistake, reference_notebook, run_json, write
 
 KEY = "01_seq2seq"
 MAX = 20
@@ -16,12 +16,8 @@ ENCODER = {"test_encoder_matches_reference", "test_encoder_final_is_last_state",
 
 
 def _mistake(*pairs):
-    def make():
-        nb = reference_notebook(KEY)
-        for old, new in pairs:
-            edit(nb, old, new)
-        return nb
-    return make
+    """The reference with each (old, new) text edit applied."""
+    return mistake(KEY, *pairs)
 
 
 BATCH = {

@@ -9,7 +9,7 @@ import csv
 import pytest
 from nbgrader.api import Gradebook
 
-from conftest import edit, learner_notebook, reference_notebook, run_json, write
+from conftest import learner_notebook, mistake, run_json, write
 
 KEY = "02_attention"
 MAX = 22
@@ -21,12 +21,7 @@ DECODER_FORWARD = {"test_attn_decoder_matches_reference", "test_attn_decoder_mas
 
 def _mistake(*pairs):
     """The reference with each (old, new) text edit applied."""
-    def make():
-        nb = reference_notebook(KEY)
-        for old, new in pairs:
-            edit(nb, old, new)
-        return nb
-    return make
+    return mistake(KEY, *pairs)
 
 
 # student -> (notebook, score, failed checks, {check: words its hint must contain})
