@@ -1,4 +1,7 @@
-"""Command line: ``python -m autograder {generate,check,grade}``."""
+"""Command line: ``python -m autograder {generate,check,grade}``.
+
+Exit codes: 0 done; 1 `check`'s notebook could not be graded; 2 usage error;
+3 a grader error (a fault of ours, logged) needs the instructor's attention."""
 
 from __future__ import annotations
 
@@ -25,13 +28,13 @@ def _cmd_generate(args) -> int:
 
 
 def _cmd_check(args) -> int:
-    from .report import check_command
+    from .commands import check_command
 
     return check_command(args)
 
 
 def _cmd_grade(args) -> int:
-    from .report import grade_command
+    from .commands import grade_command
 
     return grade_command(args)
 
@@ -51,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--sandbox", action="store_true",
                    help="run the notebook's code under bubblewrap, as the grader does (default: unsandboxed)")
+    p.add_argument("--seed", type=int, help="seed the checks (replays a grade: its feedback names the seed)")
     p.set_defaults(func=_cmd_check)
 
     p = sub.add_parser("grade", help="grade submissions into an nbgrader gradebook and a CSV")
@@ -60,7 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="grading", help="folder for gradebook, CSV and feedback (default: grading)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument("--force", action="store_true", help="regrade submissions already in the gradebook")
-    p.add_argument("--timeout", type=float, default=None, help="seconds per submission (default 120)")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="seconds per submission (default: the assignment's limit, 120 unless it sets one)")
+    p.add_argument("--seed", type=int, help="seed the checks of every submission (default: a fresh one each)")
     p.add_argument("--no-sandbox", action="store_true",
                    help="run learner code without bubblewrap isolation (only for notebooks you trust)")
     p.set_defaults(func=_cmd_grade)

@@ -1,28 +1,20 @@
-"""Read a learner's notebook safely and decide which of its code runs during grading.
+"""Read a learner's notebook safely, and audit its nbgrader cells.
 
-Nothing here executes learner code: the notebook is parsed as JSON and each code cell
-with Python's `ast`. What runs in the worker is the top level of each code cell, less
-everything that does work rather than define something: imports, functions, classes and
-assignments run; expressions (plots, prints, calls), loops, `with` blocks and asserts
-are skipped. The notebook's own test cells (nbgrader grade cells) are skipped too:
-the hidden tests decide the score.
+Nothing here executes or parses learner code: the file is read with a size cap and
+parsed as JSON after a linear count of its containers, so reading costs time and memory
+proportional to its (bounded) size. Deciding which statements of a cell run is the
+worker's job, inside the sandbox (see `autograder.worker`).
 """
 
 from __future__ import annotations
 
-import ast
 import json
-import re
+import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .runner import LoadedCode
-
-MAX_NOTEBOOK_BYTES = 20 * 1024 * 1024
-MAX_CELLS = 2000
-KEPT = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef,
-        ast.Assign, ast.AnnAssign, ast.AugAssign)
-MAGIC_RE = re.compile(r"^\s*[%!]")
+from .limits import DEFAULT, Limits
 
 
 class NotebookError(ValueError):
@@ -35,21 +27,43 @@ class ParsedNotebook:
     cells: list[dict]
     metadata: dict
     assignment: str | None = None
-    notes: list[str] = field(default_factory=list)
 
 
-def read_notebook(path: str | Path) -> ParsedNotebook:
-    """Parse and check the structure of a notebook file, refusing what is not one."""
-    path = Path(path)
+def read_bytes(path: Path, limit: int) -> bytes:
+    """At most `limit` bytes of a regular file; never blocks on a FIFO or reads a device."""
     try:
-        size = path.stat().st_size
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
         raise NotebookError(f"cannot read {path.name}: {exc.strerror}") from None
-    if size > MAX_NOTEBOOK_BYTES:
-        raise NotebookError(f"{path.name} is {size / 2**20:.1f} MiB; notebooks over "
-                            f"{MAX_NOTEBOOK_BYTES // 2**20} MiB are not graded (clear large outputs first)")
     try:
-        raw = path.read_bytes()
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotebookError(f"{path.name} is not a regular file")
+        if st.st_size > limit:
+            raise NotebookError(f"{path.name} is {st.st_size / 2**20:.1f} MiB; notebooks over "
+                                f"{limit / 2**20:g} MiB are not graded (clear large outputs first)")
+        chunks, total = [], 0
+        while total <= limit:
+            chunk = os.read(fd, min(1 << 20, limit + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+        if total > limit:
+            raise NotebookError(f"{path.name} grew past {limit / 2**20:g} MiB while it was read")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def read_notebook(path: str | Path, limits: Limits = DEFAULT) -> ParsedNotebook:
+    """Parse and check the structure of a notebook file, refusing what is not one."""
+    path = Path(path)
+    raw = read_bytes(path, limits.notebook_bytes)
+    if raw.count(b"[") + raw.count(b"{") > limits.notebook_containers:
+        raise NotebookError(f"{path.name} holds more than {limits.notebook_containers} JSON lists and "
+                            "objects, far more than any notebook; it is not graded")
+    try:
         nb = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
         raise NotebookError(f"{path.name} is not UTF-8 text, so not a notebook") from None
@@ -61,10 +75,10 @@ def read_notebook(path: str | Path) -> ParsedNotebook:
     if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
         raise NotebookError(f"{path.name} has no list of cells, so it is not a Jupyter notebook")
     if nb.get("nbformat") != 4:
-        raise NotebookError(f"{path.name} uses notebook format {nb.get('nbformat')!r}; only format 4 is graded "
-                            "(save it from a current Jupyter, VS Code or Colab)")
-    if len(nb["cells"]) > MAX_CELLS:
-        raise NotebookError(f"{path.name} has {len(nb['cells'])} cells; at most {MAX_CELLS} are graded")
+        raise NotebookError(f"{path.name} uses notebook format {str(nb.get('nbformat'))[:20]!r}; only format 4 "
+                            "is graded (save it from a current Jupyter, VS Code or Colab)")
+    if len(nb["cells"]) > limits.notebook_cells:
+        raise NotebookError(f"{path.name} has {len(nb['cells'])} cells; at most {limits.notebook_cells} are graded")
     cells = []
     for i, cell in enumerate(nb["cells"]):
         if not isinstance(cell, dict) or cell.get("cell_type") not in ("code", "markdown", "raw"):
@@ -94,38 +108,13 @@ def is_test_cell(cell: dict) -> bool:
 
 def cell_label(cell: dict) -> str:
     gid = _nbgrader(cell).get("grade_id")
-    return f"cell {cell['index']}" + (f" ({gid})" if isinstance(gid, str) else "")
+    return f"cell {cell['index']}" + (f" ({gid[:60]})" if isinstance(gid, str) else "")
 
 
-def code_to_run(nb: ParsedNotebook) -> LoadedCode:
-    """The statements the worker executes, in notebook order, with notes on what was skipped."""
-    statements: list[dict] = []
-    notes: list[str] = []
-    for cell in nb.cells:
-        if cell["type"] != "code" or is_test_cell(cell):
-            continue
-        # IPython magics and shell escapes are not Python: blank them, keeping line numbers.
-        lines = ["" if MAGIC_RE.match(ln) else ln for ln in cell["source"].split("\n")]
-        try:
-            tree = ast.parse("\n".join(lines))
-        except SyntaxError as exc:
-            notes.append(f"{cell_label(cell)} has a syntax error at line {exc.lineno}: {exc.msg}; "
-                         "nothing in it was run")
-            continue
-        except (ValueError, RecursionError, MemoryError):
-            notes.append(f"{cell_label(cell)} could not be parsed; nothing in it was run")
-            continue
-        spans = [(min([n.lineno] + [d.lineno for d in getattr(n, "decorator_list", [])]), n.end_lineno)
-                 for n in tree.body]
-        for i, node in enumerate(tree.body):
-            if not isinstance(node, KEPT):
-                continue
-            first, last = spans[i]
-            shares_a_line = any(j != i and a <= last and b >= first for j, (a, b) in enumerate(spans))
-            # `x = 1; plot(x)` on one line: run only the assignment, rebuilt from the tree.
-            source = ast.unparse(node) if shares_a_line else "\n".join(lines[first - 1: last])
-            statements.append({"cell": cell_label(cell), "line": first, "source": source})
-    return LoadedCode(statements=statements, notes=notes)
+def code_cells(nb: ParsedNotebook) -> list[dict]:
+    """The code cells whose top level the worker loads: all but the notebook's own test cells."""
+    return [{"label": cell_label(c), "source": c["source"]} for c in nb.cells
+            if c["type"] == "code" and not is_test_cell(c)]
 
 
 @dataclass
@@ -141,17 +130,24 @@ class CellAudit:
     rejected: str = ""
 
 
-def audit_cells(nb: ParsedNotebook, reference_path: str | Path) -> CellAudit:
-    """Compare `nb`'s nbgrader cells with those of the learner notebook at `reference_path`."""
-    import nbformat
-    from nbgrader.utils import compute_checksum
-
-    ref = read_notebook(reference_path)
-    ref_cells = {}
-    for cell in ref.cells:
+def reference_cells(reference: ParsedNotebook) -> dict[str, dict]:
+    """grade_id -> cell of the learner notebook as generated (what submissions are audited against)."""
+    out = {}
+    for cell in reference.cells:
         gid = _nbgrader(cell).get("grade_id")
         if isinstance(gid, str):
-            ref_cells[gid] = cell
+            out[gid] = cell
+    return out
+
+
+def audit_cells(nb: ParsedNotebook, ref_cells: dict[str, dict], limits: Limits = DEFAULT) -> CellAudit:
+    """Compare `nb`'s nbgrader cells with the generated notebook's (`reference_cells`).
+
+    Each reference cell's checksum is computed at most once, so the cost is linear in the
+    notebook's size."""
+    from nbformat import from_dict
+    from nbgrader.utils import compute_checksum
+
     audit = CellAudit()
     seen: dict[str, int] = {}
     forged, duplicated, edited = [], [], []
@@ -170,7 +166,7 @@ def audit_cells(nb: ParsedNotebook, reference_path: str | Path) -> CellAudit:
         rnbg = _nbgrader(rcell) if rcell else {}
         if seen[gid] > 1:
             (duplicated if (nbg.get("grade") or rnbg.get("grade")) else edited).append(
-                f"{label} repeats the grade_id {gid!r} of an earlier cell")
+                f"{label} repeats the grade_id {gid[:60]!r} of an earlier cell")
             continue
         if rcell is None:
             if nbg.get("grade") or nbg.get("locked"):
@@ -181,8 +177,8 @@ def audit_cells(nb: ParsedNotebook, reference_path: str | Path) -> CellAudit:
             continue
         if rnbg.get("locked") or rnbg.get("grade"):
             try:
-                node = nbformat.from_dict({"cell_type": cell["type"], "source": cell["source"],
-                                           "metadata": {"nbgrader": dict(nbg)}})
+                node = from_dict({"cell_type": cell["type"], "source": cell["source"],
+                                  "metadata": {"nbgrader": dict(nbg)}})
                 checksum = compute_checksum(node)
             except Exception:  # noqa: BLE001 - a malformed cell is simply 'edited'
                 checksum = None
@@ -193,9 +189,18 @@ def audit_cells(nb: ParsedNotebook, reference_path: str | Path) -> CellAudit:
         if gid not in seen and (_nbgrader(rcell).get("locked") or _nbgrader(rcell).get("grade")):
             edited.append(f"the locked cell {gid!r} is missing (deleted, or its metadata was removed); "
                           "it plays no part in grading: the hidden tests decide the score")
-    audit.notes = edited
-    problems = forged + duplicated
+    audit.notes = cap(edited, limits, "notes about edited cells")
+    problems = cap(forged + duplicated, limits, "problems")
     if problems:
         audit.rejected = ("forged or duplicated grade cells: " + "; ".join(problems)
                           + ". Start again from the original notebook (or delete those cells) and resubmit")
     return audit
+
+
+def cap(items: list[str], limits: Limits, what: str = "notes") -> list[str]:
+    """At most `limits.notes` items of at most `limits.note_chars` characters, and a count of the rest."""
+    n, chars = limits.notes, limits.note_chars
+    out = [s if len(s) <= chars else s[: chars - 1] + "…" for s in items[:n]]
+    if len(items) > n:
+        out.append(f"… {len(items) - n} more {what}")
+    return out

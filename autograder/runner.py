@@ -2,12 +2,16 @@
 
 `Submission` owns one learner's worker process (restarting it after a crash or a
 timeout, within a budget) and `Learner` is the proxy that hidden tests call. Only data
-comes back (see `autograder.worker` for the codec); a learner's objects never exist here.
+comes back (see `autograder.protocol`); a learner's objects never exist here.
+
+The trusted side never blocks on the worker: both pipes are non-blocking, every write
+and every read has a deadline (the call's limit, capped by what is left of the
+submission's), and a worker that misses one is killed. Every reply is checked against
+the protocol's schema; anything malformed is the learner's failure for that call.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import select
 import signal
@@ -16,21 +20,22 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from . import worker as codec
+from . import protocol as P
+from .limits import DEFAULT, Limits
 
-WORKER_SCRIPT = Path(codec.__file__).resolve()
-OUTPUT_CAP = 64 * 1024  # bytes of the learner's stdout/stderr kept per worker
+WORKER_FILES = tuple(Path(__file__).resolve().parent / name for name in ("worker.py", "protocol.py"))
 
 
 class GradingError(Exception):
-    """Raised in a hidden test when the learner's side failed; becomes a hint."""
+    """A failure on the learner's side of a call; the grader turns it into a hint."""
 
     def __init__(self, name: str, message: str = ""):
         super().__init__(message or name)
         self.name = name
+        self.during_load = False
 
 
 class LearnerError(GradingError):
@@ -65,20 +70,13 @@ class BoundaryError(GradingError):
     """The worker sent something that breaks the protocol, or too much of it."""
 
 
-@dataclass
-class LoadedCode:
-    """What the worker runs from a notebook: top-level statements, with their cell and line."""
-
-    statements: list[dict]
-    notes: list[str] = field(default_factory=list)
-
-
 class _Output:
-    """Drains a pipe in a thread, keeping at most OUTPUT_CAP bytes."""
+    """Drains a pipe in a thread, keeping at most `cap` bytes."""
 
-    def __init__(self, fd: int):
+    def __init__(self, fd: int, cap: int):
         self.data = bytearray()
         self.dropped = 0
+        self.cap = cap
         self.thread = threading.Thread(target=self._run, args=(fd,), daemon=True)
         self.thread.start()
 
@@ -88,37 +86,32 @@ class _Output:
                 chunk = f.read(65536)
                 if not chunk:
                     return
-                room = OUTPUT_CAP - len(self.data)
-                self.data += chunk[: max(room, 0)]
-                self.dropped += max(len(chunk) - max(room, 0), 0)
+                room = max(self.cap - len(self.data), 0)
+                self.data += chunk[:room]
+                self.dropped += max(len(chunk) - room, 0)
 
     def text(self) -> str:
         s = self.data.decode("utf-8", "replace")
         return s + (f"\n[... {self.dropped} more bytes of output dropped]" if self.dropped else "")
 
 
-class Submission:
-    """One learner's code, running in a worker process that is restarted when needed."""
+def _str(x, n: int) -> str:
+    return x[:n] if isinstance(x, str) else ""
 
-    def __init__(
-        self,
-        code: LoadedCode,
-        *,
-        call_timeout: float = 20.0,
-        load_timeout: float = 60.0,
-        total_timeout: float = 120.0,
-        max_restarts: int = 3,
-        env: dict | None = None,
-        python: str = sys.executable,
-        sandbox=None,
-        notebook: str | Path | None = None,
-    ):
-        self.code = code
-        self.call_timeout = call_timeout
-        self.load_timeout = load_timeout
-        self.deadline = time.monotonic() + total_timeout
-        self.total_timeout = total_timeout
-        self.restarts_left = max_restarts
+
+class Submission:
+    """One learner's code, running in a worker process that is restarted when needed.
+
+    `cells` are the code cells to load, as ``{"label", "source"}`` dicts, in order.
+    """
+
+    def __init__(self, cells: list[dict], *, limits: Limits = DEFAULT, seed: int = 0, env: dict | None = None,
+                 python: str = sys.executable, sandbox=None, notebook: str | Path | None = None):
+        self.cells = cells
+        self.limits = limits
+        self.seed = seed
+        self.deadline = time.monotonic() + limits.submission_seconds
+        self.restarts_left = limits.max_restarts
         self.python = python
         self.extra_env = env or {}
         self.sandbox = sandbox  # an autograder.sandbox.Sandbox, or None to run unsandboxed
@@ -126,10 +119,12 @@ class Submission:
         self.proc: subprocess.Popen | None = None
         self.generation = 0
         self.load_errors: list[dict] = []
+        self.load_notes: list[str] = []
         self.load_failure: GradingError | None = None
         self.outputs: list[str] = []
         self._next_id = 1
         self._tmp = tempfile.TemporaryDirectory(prefix="grade-worker-")
+        self._decode = P.Decoder(self._handle, max_depth=limits.reply_depth, max_dims=limits.array_dims)
 
     # process management --------------------------------------------------------------
     def _env(self) -> dict:
@@ -154,21 +149,15 @@ class Submission:
         close_after: list[int] = []
         try:
             if self.sandbox is not None:
-                w = self.sandbox.wrap(tail, worker_script=WORKER_SCRIPT, env=self._env(),
+                w = self.sandbox.wrap(tail, files=WORKER_FILES, env=self._env(),
                                       notebook=self.notebook, extra_fds=(req_r, rep_w))
                 close_after = w.close_fds
                 argv, pass_fds, env, cwd = w.argv, w.pass_fds, w.env, w.cwd
             else:
-                argv = [self.python, "-I", str(WORKER_SCRIPT), *tail]
+                argv = [self.python, "-I", str(WORKER_FILES[0]), *tail]
                 pass_fds, env, cwd = (req_r, rep_w), self._env(), self._tmp.name
             self.proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=out_w,
-                stderr=out_w,
-                pass_fds=pass_fds,
-                cwd=cwd,
-                env=env,
+                argv, stdin=subprocess.DEVNULL, stdout=out_w, stderr=out_w, pass_fds=pass_fds, cwd=cwd, env=env,
                 start_new_session=True,  # its own process group: one kill ends everything it started
             )
         except BaseException:
@@ -180,10 +169,11 @@ class Submission:
             raise
         for fd in (req_r, rep_w, out_w, *close_after):
             os.close(fd)
-        self._req = req_w
-        self._rep = rep_r
-        self._buf = b""
-        self._out = _Output(out_r)
+        os.set_blocking(req_w, False)
+        os.set_blocking(rep_r, False)
+        self._req, self._rep = req_w, rep_r
+        self._buf = bytearray()
+        self._out = _Output(out_r, self.limits.output_bytes)
         self.generation += 1
 
     def _kill(self) -> None:
@@ -229,38 +219,69 @@ class Submission:
             self.restarts_left -= 1
         self._start()
         try:
-            result = self._request({"op": "load", "statements": self.code.statements},
-                                   name="", timeout=self.load_timeout)
-        except CallTimeout as exc:
-            self.load_failure = CallTimeout("", exc.seconds)
-            self.load_failure.during_load = True
-            raise self.load_failure
-        except WorkerDied:
-            self.load_failure = WorkerDied("", "the notebook's code ended the grading process while loading")
-            self.load_failure.during_load = True
-            raise self.load_failure
+            result = self._request({"op": P.OP_LOAD, "cells": self.cells, "seed": self.seed},
+                                   name="", timeout=self.limits.load_seconds)
+        except GradingError as exc:
+            if isinstance(exc, CallTimeout):
+                exc = CallTimeout("", exc.seconds)
+            elif isinstance(exc, WorkerDied):
+                exc = WorkerDied("", "the notebook's code ended the grading process while loading")
+            exc.during_load = True
+            self._kill()
+            self.load_failure = exc
+            raise exc
         if self.generation == 1:
-            self.load_errors = result.get("errors", []) if isinstance(result, dict) else []
+            self.load_errors, self.load_notes = self._load_report(result)
+
+    def _load_report(self, value) -> tuple[list[dict], list[str]]:
+        """The load reply's errors and notes, checked and cut to the limits."""
+        n, chars = self.limits.notes, self.limits.note_chars
+        if type(value) is not dict or set(value) != {"errors", "notes"} \
+                or type(value["errors"]) is not list or type(value["notes"]) is not list:
+            return [], ["the grading process sent a malformed report of loading your code"]
+        errors = []
+        for e in value["errors"][:n]:
+            if type(e) is dict and type(e.get("line")) is int:
+                errors.append({"cell": _str(e.get("cell"), 100), "line": e["line"], "error": _str(e.get("error"), chars)})
+        notes = [_str(x, chars) for x in value["notes"][:n]]
+        for what, items, kept in (("errors", value["errors"], errors), ("notes", value["notes"], notes)):
+            if len(items) > len(kept):
+                notes.append(f"... {len(items) - len(kept)} more {what} while loading not shown")
+        return errors, notes
 
     # requests --------------------------------------------------------------------------
     def _request(self, req: dict, *, name: str, timeout: float | None = None):
         req_id = self._next_id
         self._next_id += 1
-        req = dict(req, id=req_id)
-        data = json.dumps(req, allow_nan=False).encode() + b"\n"
+        data = P.frame(dict(req, id=req_id))
         remaining = self.deadline - time.monotonic()
-        limit = min(timeout or self.call_timeout, remaining)
+        limit = min(timeout or self.limits.call_seconds, remaining)
         if limit <= 0:
             self._kill()
-            self.load_failure = CallTimeout(name, self.total_timeout)
+            self.load_failure = CallTimeout(name, self.limits.submission_seconds)
             raise self.load_failure
-        try:
-            os.write(self._req, data) if len(data) < 65536 else self._write_all(data)
-        except (BrokenPipeError, OSError):
-            self._kill()
-            raise WorkerDied(name)
         end = time.monotonic() + limit
-        while b"\n" not in self._buf:
+        view = memoryview(data)
+        while view:
+            left = end - time.monotonic()
+            if left <= 0:
+                self._kill()
+                raise CallTimeout(name, limit)
+            _, ready, _ = select.select([], [self._req], [], left)
+            if not ready:
+                continue
+            try:
+                view = view[os.write(self._req, view):]
+            except BlockingIOError:
+                continue
+            except OSError:
+                self._kill()
+                raise WorkerDied(name)
+        cap = self.limits.reply_bytes
+        while True:
+            nl = self._buf.find(b"\n")
+            if nl >= 0:
+                break
             left = end - time.monotonic()
             if left <= 0:
                 self._kill()
@@ -268,59 +289,79 @@ class Submission:
             ready, _, _ = select.select([self._rep], [], [], left)
             if not ready:
                 continue
-            chunk = os.read(self._rep, 1 << 20)
+            try:
+                chunk = os.read(self._rep, 1 << 20)
+            except BlockingIOError:
+                continue
             if not chunk:
                 self._kill()
                 raise WorkerDied(name)
             self._buf += chunk
-            if len(self._buf) > codec.MAX_MESSAGE:
+            if len(self._buf) > cap:
                 self._kill()
                 raise BoundaryError(name, "the reply was larger than the grader accepts")
-        line, self._buf = self._buf.split(b"\n", 1)
+        line = bytes(self._buf[:nl])
+        del self._buf[: nl + 1]
         try:
-            reply = json.loads(line)
-        except ValueError:
+            reply = P.parse_frame(line, max_containers=self.limits.reply_containers)
+        except P.CodecError as exc:
             self._kill()
-            raise BoundaryError(name, "the grading process sent a malformed reply")
-        if not isinstance(reply, dict) or reply.get("id") != req_id:
+            raise BoundaryError(name, f"the grading process sent a malformed reply ({exc})")
+        return self._check_reply(reply, req_id, name)
+
+    def _check_reply(self, reply, req_id: int, name: str):
+        """The reply's value, or the learner-side error it reports; anything malformed is the learner's."""
+        if type(reply) is not dict or reply.get("id") != req_id or type(reply.get("id")) is not int:
             self._kill()
             raise BoundaryError(name, "the grading process sent an unexpected reply")
-        if reply.get("ok") is True:
-            return reply.get("value")
-        kind = reply.get("kind")
-        etype, message = str(reply.get("type", "Error"))[:100], str(reply.get("message", ""))[:600]
-        if kind == "notimplemented":
+        if reply.get("ok") is True and set(reply) == {"id", "ok", "value"}:
+            return reply["value"]
+        if (reply.get("ok") is not False or set(reply) != {"id", "ok", "kind", "type", "message"}
+                or reply["kind"] not in P.KINDS or type(reply["type"]) is not str
+                or type(reply["message"]) is not str):
+            self._kill()
+            raise BoundaryError(name, "the grading process sent a malformed reply")
+        kind, etype, message = reply["kind"], reply["type"][:100], reply["message"][: self.limits.note_chars * 2]
+        if kind == P.KIND_NOT_IMPLEMENTED:
             raise NotImplementedRemote(name)
-        if kind == "missing":
+        if kind == P.KIND_MISSING:
             raise MissingName(name)
-        if kind == "codec":
+        if kind == P.KIND_CODEC:
             raise BoundaryError(name, message)
         raise LearnerError(name, etype, message)
 
-    def _write_all(self, data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            n = os.write(self._req, view)
-            view = view[n:]
-
     def request(self, req: dict, *, name: str):
         self.ensure_started()
-        value = self._request(req, name=name)
-        return value
+        return self._request(req, name=name)
 
-    def decode(self, value):
-        gen = self.generation
-        return codec.decode(value, from_handle=lambda h: RemoteObject(self, h, gen))
+    def decode(self, value, name: str = ""):
+        try:
+            return self._decode(value)
+        except P.CodecError as exc:
+            raise BoundaryError(name, str(exc)) from None
+        except (ValueError, TypeError, MemoryError, RecursionError):
+            raise BoundaryError(name, "the grading process sent a malformed value") from None
+
+    def _handle(self, info):
+        if type(info) is not dict or set(info) != {"id", "type"} or type(info["id"]) is not int \
+                or type(info["type"]) is not str:
+            raise P.CodecError("malformed handle")
+        return RemoteObject(self, info["id"], info["type"][:100], self.generation)
 
     def encode(self, value):
         def to_handle(obj):
             if isinstance(obj, RemoteObject):
                 if obj._gen != self.generation:
-                    raise BoundaryError(obj._label, "a handle from before a restart was used")
-                return {"__handle__": {"id": obj._id}}
-            raise codec.CodecError(f"a value of type {type(obj).__name__} cannot be sent")
+                    raise WorkerDied(obj._label, "the object was lost when the grading process restarted")
+                return {P.TAG_HANDLE: {"id": obj._id}}
+            raise P.CodecError(f"a value of type {type(obj).__name__} cannot be sent")
 
-        return codec.encode(value, to_handle)
+        return P.encode(value, to_handle)
+
+    def reseed(self, seed: int) -> None:
+        """Seed the worker's random generators (a no-op until it runs)."""
+        if self.proc is not None:
+            self._request({"op": P.OP_SEED, "seed": seed}, name="")
 
     def output(self) -> str:
         parts = list(self.outputs)
@@ -332,11 +373,8 @@ class Submission:
 class RemoteObject:
     """A handle to an object that lives in the worker (a module, a bound method...)."""
 
-    def __init__(self, sub: Submission, info: dict, gen: int):
-        if not isinstance(info, dict) or not isinstance(info.get("id"), int):
-            raise BoundaryError("", "malformed handle")
-        self._sub, self._id, self._gen = sub, info["id"], gen
-        self._label = str(info.get("type", "object"))[:100]
+    def __init__(self, sub: Submission, hid: int, label: str, gen: int):
+        self._sub, self._id, self._label, self._gen = sub, hid, label, gen
 
     def _target(self):
         if self._gen != self._sub.generation:
@@ -349,9 +387,8 @@ class RemoteObject:
     def __getattr__(self, attr):
         if attr.startswith("__"):
             raise AttributeError(attr)
-        sub = self._sub
-        value = sub.request({"op": "getattr", "target": self._target(), "attr": attr}, name=f"{self._label}.{attr}")
-        return sub.decode(value)
+        sub, label = self._sub, f"{self._label}.{attr}"
+        return sub.decode(sub.request({"op": P.OP_GETATTR, "target": self._target(), "attr": attr}, name=label), label)
 
     def __repr__(self):
         return f"<remote {self._label}>"
@@ -364,11 +401,12 @@ class GradResult:
     param_grads: dict
 
 
-def _call(sub: Submission, target: dict, name: str, args, kwargs):
-    enc_args = sub.encode(tuple(args))["__tuple__"]
-    enc_kwargs = sub.encode(dict(kwargs))["__dict__"]
-    value = sub.request({"op": "call", "target": target, "args": enc_args, "kwargs": enc_kwargs}, name=name)
-    return sub.decode(value)
+def _call(sub: Submission, target: dict, name: str, args, kwargs, device_check: bool = False):
+    req = {"op": P.OP_CALL, "target": target, "args": sub.encode(tuple(args))[P.TAG_TUPLE],
+           "kwargs": sub.encode(dict(kwargs))[P.TAG_DICT]}
+    if device_check:
+        req["device_check"] = True
+    return sub.decode(sub.request(req, name=name), name)
 
 
 class Learner:
@@ -389,25 +427,38 @@ class Learner:
         return remote
 
     def has(self, name: str) -> bool:
-        return bool(self._sub.request({"op": "has", "name": name}, name=name))
+        value = self._sub.request({"op": P.OP_HAS, "name": name}, name=name)
+        if type(value) is not bool:
+            raise BoundaryError(name, "the grading process sent a malformed reply")
+        return value
+
+    @staticmethod
+    def _target(target):
+        if isinstance(target, RemoteObject):
+            return target._target(), target._label
+        return {"name": str(target)}, str(target)
+
+    def device_checked(self, target, *args, **kwargs):
+        """Call `target` (a name or a handle) with every operation that mixes a meta tensor with a
+        CPU tensor of one or more dimensions failing, as CUDA fails with CPU tensors."""
+        tgt, label = self._target(target)
+        return _call(self._sub, tgt, label, args, kwargs, device_check=True)
 
     def with_grad(self, target, *args, cotangents=(), params=False, **kwargs) -> GradResult:
         sub = self._sub
-        if isinstance(target, RemoteObject):
-            tgt, label = target._target(), target._label
-        else:
-            tgt, label = {"name": str(target)}, str(target)
+        tgt, label = self._target(target)
         req = {
-            "op": "with_grad",
+            "op": P.OP_WITH_GRAD,
             "target": tgt,
-            "args": sub.encode(tuple(args))["__tuple__"],
-            "kwargs": sub.encode(dict(kwargs))["__dict__"],
-            "cotangents": sub.encode(tuple(cotangents))["__tuple__"],
+            "args": sub.encode(tuple(args))[P.TAG_TUPLE],
+            "kwargs": sub.encode(dict(kwargs))[P.TAG_DICT],
+            "cotangents": sub.encode(tuple(cotangents))[P.TAG_TUPLE],
             "params": bool(params),
         }
         value = sub.request(req, name=label)
-        if not isinstance(value, dict) or set(value) != {"output", "arg_grads", "param_grads"}:
+        if type(value) is not dict or set(value) != {"output", "arg_grads", "param_grads"}:
             raise BoundaryError(label, "malformed gradient reply")
-        return GradResult(
-            sub.decode(value["output"]), sub.decode(value["arg_grads"]), sub.decode(value["param_grads"])
-        )
+        arg_grads, param_grads = sub.decode(value["arg_grads"], label), sub.decode(value["param_grads"], label)
+        if type(arg_grads) is not list or type(param_grads) is not dict:
+            raise BoundaryError(label, "malformed gradient reply")
+        return GradResult(sub.decode(value["output"], label), arg_grads, param_grads)

@@ -36,14 +36,10 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# --- documented limits --------------------------------------------------------------------
+from .limits import DEFAULT, Limits
+
 SANDBOX_UID = int(os.environ.get("AUTOGRADER_SANDBOX_UID", "64123"))  # no account needed
-TMP_BYTES = 64 * 2**20        # size of the private /tmp (tmpfs)
-MAX_PROCESSES = 64            # RLIMIT_NPROC: processes and threads of SANDBOX_UID
-MAX_ADDRESS_SPACE = 4 * 2**30  # RLIMIT_AS, bytes (not set where a GPU is passed through)
-MAX_FILE_SIZE = 16 * 2**20    # RLIMIT_FSIZE: largest file the worker may write
-MAX_OPEN_FILES = 256          # RLIMIT_NOFILE
-MAX_CPU_SECONDS = 180         # RLIMIT_CPU per worker process (the wall-clock limits come first)
+# The sandbox's resource limits are fields of `autograder.limits.Limits` (sandbox_*).
 INSTALL_HINT = "sudo apt-get install -y bubblewrap"
 
 # A few files from /etc that the dynamic loader and Python use; nothing else of /etc.
@@ -93,7 +89,8 @@ class Sandbox:
     """How to run one worker in isolation; one object serves a whole grading run."""
 
     def __init__(self, *, python: str = sys.executable, bwrap: str | None = None, uid: int = SANDBOX_UID,
-                 forbidden: list | tuple = ()):
+                 forbidden: list | tuple = (), limits: Limits = DEFAULT):
+        self.limits = limits
         self.bwrap = bwrap or shutil.which("bwrap")
         if not self.bwrap:
             raise SandboxUnavailable(
@@ -128,9 +125,11 @@ class Sandbox:
                         "use an environment outside that folder (or REPO/.venv)")
 
     # ----------------------------------------------------------------------------------
-    def wrap(self, argv_tail: list[str], *, worker_script: str | Path, env: dict,
+    def wrap(self, argv_tail: list[str], *, files, env: dict,
              notebook: str | Path | None = None, extra_fds: tuple[int, ...] = ()) -> Wrapped:
-        """The command line that runs `python -I /grader/worker.py *argv_tail` in the sandbox."""
+        """The command line that runs `python -I /grader/FILES[0] *argv_tail` in the sandbox.
+
+        Each of `files` (the worker script first) is copied read-only into /grader."""
         a: list[str] = [self.bwrap]
         if self.root_mode:
             a += ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
@@ -141,7 +140,7 @@ class Sandbox:
                          PATH="/usr/local/bin:/usr/bin:/bin")
         for k, v in inner_env.items():
             a += ["--setenv", str(k), str(v)]
-        a += ["--perms", "1777", "--size", str(TMP_BYTES), "--tmpfs", "/tmp"]
+        a += ["--perms", "1777", "--size", str(self.limits.sandbox_tmp_bytes), "--tmpfs", "/tmp"]
         a += ["--ro-bind", "/usr", "/usr"]
         for link in ("bin", "lib", "lib32", "lib64", "libx32", "sbin"):
             p = Path("/") / link
@@ -168,9 +167,11 @@ class Sandbox:
             made.add(p)
         close = []
         fds = list(extra_fds)
-        wfd = os.open(str(worker_script), os.O_RDONLY | os.O_CLOEXEC)
-        close.append(wfd)
-        a += ["--perms", "0755", "--dir", "/grader", "--perms", "0444", "--ro-bind-data", str(wfd), "/grader/worker.py"]
+        a += ["--perms", "0755", "--dir", "/grader"]
+        for f in files:
+            fd = os.open(str(f), os.O_RDONLY | os.O_CLOEXEC)
+            close.append(fd)
+            a += ["--perms", "0444", "--ro-bind-data", str(fd), f"/grader/{Path(f).name}"]
         if notebook is not None:
             try:
                 nfd = os.open(str(notebook), os.O_RDONLY | os.O_CLOEXEC)
@@ -190,12 +191,13 @@ class Sandbox:
         if self.root_mode:
             a += ["setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups",
                   "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
-        limits = [f"--nproc={MAX_PROCESSES}", f"--fsize={MAX_FILE_SIZE}", f"--nofile={MAX_OPEN_FILES}",
-                  f"--cpu={MAX_CPU_SECONDS}", "--core=0"]
+        lim = self.limits
+        limits = [f"--nproc={lim.sandbox_processes}", f"--fsize={lim.sandbox_file_size}",
+                  f"--nofile={lim.sandbox_open_files}", f"--cpu={lim.sandbox_cpu_seconds}", "--core=0"]
         if not self.gpu_devices:  # RLIMIT_AS breaks CUDA
-            limits.append(f"--as={MAX_ADDRESS_SPACE}")
+            limits.append(f"--as={lim.sandbox_address_space}")
         a += ["prlimit", *limits, "--"]
-        a += [self.python, "-I", "/grader/worker.py", *argv_tail]
+        a += [self.python, "-I", f"/grader/{Path(files[0]).name}", *argv_tail]
         return Wrapped(argv=a, pass_fds=tuple(fds + close), env={"PATH": "/usr/bin:/bin"}, cwd="/",
                        close_fds=close)
 
@@ -206,7 +208,7 @@ class Sandbox:
         with tempfile.NamedTemporaryFile("w", suffix=".py") as f:
             f.write("import sys, os\nsys.stdout.write('ok %d' % os.getuid())\n")
             f.flush()
-            w = self.wrap([], worker_script=f.name, env={})
+            w = self.wrap([], files=[f.name], env={})
             try:
                 p = subprocess.run(w.argv, pass_fds=w.pass_fds, env=w.env, cwd=w.cwd,
                                    capture_output=True, text=True, timeout=60)
@@ -224,13 +226,14 @@ class Sandbox:
 
     def describe(self) -> str:
         who = f"uid {self.uid}" if self.root_mode else f"your uid {os.geteuid()} in a user namespace"
-        return (f"sandbox: bubblewrap as {who}, no network, private /tmp of {TMP_BYTES // 2**20} MiB, "
-                f"at most {MAX_PROCESSES} processes, {MAX_ADDRESS_SPACE // 2**30} GiB address space, "
-                f"{MAX_CPU_SECONDS} s CPU per worker")
+        lim = self.limits
+        return (f"sandbox: bubblewrap as {who}, no network, private /tmp of {lim.sandbox_tmp_bytes // 2**20} MiB, "
+                f"at most {lim.sandbox_processes} processes, {lim.sandbox_address_space // 2**30} GiB address space, "
+                f"{lim.sandbox_cpu_seconds} s CPU per worker")
 
 
-def detect(python: str = sys.executable, forbidden=()) -> Sandbox:
+def detect(python: str = sys.executable, forbidden=(), limits: Limits = DEFAULT) -> Sandbox:
     """A working sandbox, or SandboxUnavailable saying why not and what to do."""
-    sb = Sandbox(python=python, forbidden=forbidden)
+    sb = Sandbox(python=python, forbidden=forbidden, limits=limits)
     sb.probe()
     return sb

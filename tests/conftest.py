@@ -81,3 +81,35 @@ def run_json(*args: str, **kw) -> dict:
 @pytest.fixture
 def root() -> Path:
     return ROOT
+
+
+# --- the chapter harness: one sandboxed grading run per chapter, shared by every test ------
+
+def chapter_batch(key: str) -> dict:
+    """student -> notebook maker for a chapter's harness run: reference, stub and its table's mistakes."""
+    from chapters import tables
+
+    table = tables()[key]
+    batch = {"ref": lambda: reference_notebook(key), "stub": lambda: learner_notebook(key)}
+    for name, m in table.MISTAKES.items():
+        batch[name] = m.make or mistake(key, *m.edits)
+    return batch
+
+
+_GRADED: dict = {}
+
+
+@pytest.fixture(scope="session")
+def graded_chapter(tmp_path_factory):
+    """A function KEY -> (out folder, JSON summary, {student: submission}) from one `grade` run per
+    chapter over its harness batch, as an instructor runs it (sandboxed), cached for the session."""
+    def get(key: str):
+        if key not in _GRADED:
+            base = tmp_path_factory.mktemp(f"grading{key}")
+            for student, make in chapter_batch(key).items():
+                write(make(), base / "submitted" / f"{student}.ipynb")
+            out = base / "out"
+            summary = run_json("grade", "--assignment", key, str(base / "submitted"), "--out", str(out))
+            _GRADED[key] = (base, out, summary, {s["student"]: s for s in summary["submissions"]})
+        return _GRADED[key]
+    return get

@@ -622,12 +622,12 @@ def test_honest_stub_gets_nothing(batch):
 
 def test_batch_neighbours_grade_as_when_graded_alone(batch, tmp_path):
     """The honest notebooks' scores in the hostile batch equal a grading of each alone."""
+    from autograder.grader import Grader
     from autograder.sandbox import detect
-    from autograder.scoring import grade_notebook
 
-    sb = detect()
+    grader = Grader(get_assignment(KEY), sandbox=detect())
     for name in ("honest_reference", "honest_stub"):
-        alone = grade_notebook(get_assignment(KEY), batch["subs"] / f"{name}.ipynb", sandbox=sb)
+        alone = grader.grade(batch["subs"] / f"{name}.ipynb")
         r = batch["by"][name]
         assert alone.score == r["score"]
         assert [c.passed for c in alone.checks] == [c["passed"] for c in r["checks"]]

@@ -43,10 +43,10 @@ def killed_and_resumed(tmp_path_factory):
         write(reference_notebook(KEY) if i % 2 == 0 else learner_notebook(KEY), subs / f"{name}.ipynb")
         expected[name] = 23.0 if i % 2 == 0 else 0.0
     cmd = [sys.executable, "-m", "autograder", "grade", str(subs), "--assignment", KEY, "--out", str(out)]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, OMP_NUM_THREADS="1"))
     graded_before_kill = []
-    for line in proc.stdout:
+    for line in proc.stderr:
         m = PROGRESS.match(line)
         if m:
             graded_before_kill.append(m.group(1))
@@ -78,7 +78,7 @@ def test_resumed_run_has_every_grade_once(killed_and_resumed):
     assert {r[0]: r[2] for r in rows} == k["expected"]
     # those graded before the kill were not graded again
     for name in k["before"]:
-        assert f"{name}: already graded" in k["resumed"].stdout
+        assert f"{name}: already graded" in k["resumed"].stderr
 
 
 def test_csv_matches_a_clean_run(killed_and_resumed):
@@ -92,7 +92,7 @@ def test_csv_matches_a_clean_run(killed_and_resumed):
 def test_regrading_is_idempotent(killed_and_resumed):
     k = killed_and_resumed
     assert k["again"].returncode == 0
-    assert k["again"].stdout.count("already graded") == 4
+    assert k["again"].stderr.count("already graded") == 4
     assert len(_rows(k["out"] / "gradebook.db")) == 4
 
 
@@ -101,7 +101,7 @@ def test_force_regrades(killed_and_resumed):
     nb = k["subs"] / "s0.ipynb"
     proc = run_cli("grade", str(nb), "--assignment", KEY, "--out", str(k["out"]), "--force")
     assert proc.returncode == 0, proc.stderr
-    assert "s0: 23 / 23" in proc.stdout and "already graded" not in proc.stdout
+    assert "s0: 23 / 23" in proc.stderr and "already graded" not in proc.stderr
     rows = _rows(k["out"] / "gradebook.db")
     assert len(rows) == 4 and all(r[1] == 1 for r in rows)
 

@@ -1,19 +1,54 @@
-"""What hidden tests use to award points and explain failures."""
+"""The hidden-test toolkit: what every chapter's hidden checks are built from.
+
+A chapter's hidden tests should be its checks and its table of typical mistakes, nothing
+else. This module gives them:
+
+* points and hints: `points`, `Hint`, `expect`;
+* validating what the learner returned: `tensor`, `array`, `pair` (a wrong type or shape
+  becomes a hint, never a crash in our code);
+* comparing with dtype- and device-aware tolerances: `tolerances`, `close`;
+* explaining a wrong result by the typical mistake it matches: `diagnose`, `expect_close`;
+* gradients: `learner_grads`, `reference_grads`, `expect_grads`;
+* modules that hold the reference's weights: `learner_module`;
+* masks, including fully masked rows: `random_mask`;
+* devices: `devices` (every available one), `expect_device_agnostic` (code that would
+  fail on a GPU is caught on a CPU-only grader, through the meta device), and the half
+  precision dtypes `HALF`.
+
+A failed check must raise `Hint` (through `expect`) or let a learner-side error
+(`LearnerError`, `NotImplementedRemote`...) propagate. Any other exception is a bug in
+the hidden test: the grader reports it as a grader error, never as the learner's loss.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
-import pytest
 import torch
+
+from autograder.runner import GradResult, LearnerError, NotImplementedRemote
+
+HALF = (torch.float16, torch.bfloat16)
+FLOATS = (torch.float32, torch.float64)
 
 
 class Hint(AssertionError):
     """A failed check; the message is shown to the learner, so it names a mistake only."""
 
 
+@dataclass(frozen=True)
+class Points:
+    n: float
+    part: str
+
+
 def points(n: float, part: str):
     """Mark a hidden test as worth `n` points of the exercise part `part`."""
-    return pytest.mark.points(n, part=part)
+    def mark(fn):
+        fn.points = Points(float(n), part)
+        return fn
+    return mark
 
 
 def expect(condition, hint: str) -> None:
@@ -22,31 +57,242 @@ def expect(condition, hint: str) -> None:
         raise Hint(hint)
 
 
-def _as_tensor(x):
-    if isinstance(x, torch.Tensor):
-        return x
-    if isinstance(x, np.ndarray):
-        return torch.from_numpy(x)
-    return None
+# --- what the learner returned ----------------------------------------------------------------
+
+def _dev_type(device) -> str:
+    return torch.device(device).type if device is not None else "cpu"
 
 
-def tolerances(dtype, device="cpu"):
-    """(rtol, atol) for comparing results of `dtype` computed on `device`."""
-    if dtype in (torch.float64, np.float64):
+def tensor(x, name: str, *, shape=None, dtype=None, device=None, what: str = "its result"):
+    """`x` as a torch tensor of the given shape, dtype and device type, or a hint saying what is off."""
+    expect(isinstance(x, torch.Tensor), f"`{name}` must return {what} as a torch tensor, not {type(x).__name__}.")
+    if shape is not None:
+        expect(tuple(x.shape) == tuple(shape), f"`{name}` returns {what} of shape {tuple(x.shape)}; "
+                                               f"expected {tuple(shape)}.")
+    if dtype is not None:
+        expect(x.dtype == dtype, f"`{name}` changes the dtype of {what}: {dtype} in, {x.dtype} out.")
+    if device is not None:
+        expect(x.device.type == _dev_type(device),
+               f"`{name}` returns {what} on {x.device.type}, not on its inputs' device ({_dev_type(device)}): "
+               "create no tensor on a fixed device.")
+    return x
+
+
+def array(x, name: str, *, shape=None, what: str = "its result"):
+    """`x` as a NumPy array of the given shape, or a hint."""
+    expect(isinstance(x, np.ndarray), f"`{name}` must return {what} as a NumPy array, not {type(x).__name__}.")
+    if shape is not None:
+        expect(tuple(x.shape) == tuple(shape), f"`{name}` returns {what} of shape {tuple(x.shape)}; "
+                                               f"expected {tuple(shape)}.")
+    return x
+
+
+def pair(result, name: str, n: int = 2, what: str = "a pair (output, weights)"):
+    """`result` as a tuple of `n` items, or a hint."""
+    expect(isinstance(result, (tuple, list)) and len(result) == n, f"`{name}` must return {what}.")
+    return tuple(result)
+
+
+# --- comparing ------------------------------------------------------------------------------
+
+def tolerances(dtype, device="cpu") -> tuple[float, float]:
+    """(rtol, atol) for comparing a result of `dtype` computed on `device` with an exact one."""
+    if dtype in (torch.float64, np.float64, torch.complex128):
         return 1e-7, 1e-9
-    if str(device).startswith("cuda"):
+    if dtype == torch.bfloat16:
+        return 3e-2, 3e-2
+    if dtype in (torch.float16, np.float16):
+        return 5e-3, 5e-3
+    if _dev_type(device) == "cuda":
         return 2e-3, 2e-3  # TF32 matmuls may be on
     return 1e-4, 1e-5
 
 
-def close(actual, expected, device="cpu", rtol=None, atol=None) -> bool:
-    """True when `actual` is a tensor/array of `expected`'s shape with values allclose to it."""
+def _as_tensor(x):
+    if isinstance(x, torch.Tensor):
+        return x
+    if isinstance(x, np.ndarray) and x.dtype != object:
+        return torch.from_numpy(np.ascontiguousarray(x))
+    return None
+
+
+def close(actual, expected, device=None, rtol=None, atol=None, equal_nan=False) -> bool:
+    """True when `actual` is a tensor/array of `expected`'s shape, allclose to it.
+
+    Tolerances follow `expected`'s dtype (pass the reference's result cast to a half type to
+    compare a half-precision result) and the device; booleans and integers must be equal."""
     a, e = _as_tensor(actual), _as_tensor(expected)
     if a is None or e is None or tuple(a.shape) != tuple(e.shape):
         return False
     a, e = a.detach().cpu(), e.detach().cpu()
-    if a.dtype == torch.bool or e.dtype == torch.bool:
+    if not (a.is_floating_point() or a.is_complex()) or not (e.is_floating_point() or e.is_complex()):
         return a.dtype == e.dtype and bool(torch.equal(a, e))
-    r, t = tolerances(e.dtype, device)
-    return bool(torch.allclose(a.to(torch.float64), e.to(torch.float64),
-                               rtol=r if rtol is None else rtol, atol=t if atol is None else atol))
+    r, t = tolerances(e.dtype, device or "cpu")
+    wide = torch.complex128 if (a.is_complex() or e.is_complex()) else torch.float64
+    return bool(torch.allclose(a.to(wide), e.to(wide), rtol=r if rtol is None else rtol,
+                               atol=t if atol is None else atol, equal_nan=equal_nan))
+
+
+def diagnose(got, mistakes, generic: str, *, same=None) -> str:
+    """The hint of the first typical mistake whose result `got` matches, else `generic`.
+
+    `mistakes` is a sequence of (hint, result) pairs, where result is a value or a
+    zero-argument callable computed only when needed (and None to skip that mistake).
+    Building a mistake's result is our code: if it raises, that is a grader bug and it
+    propagates (it is never taken for "no match")."""
+    same = same or (lambda a, b: close(a, b, rtol=1e-3, atol=1e-4))
+    for hint, wrong in mistakes:
+        value = wrong() if callable(wrong) else wrong
+        if value is not None and same(got, value):
+            return hint
+    return generic
+
+
+def expect_close(got, expected, generic: str, *, mistakes=(), device=None, rtol=None, atol=None, same=None):
+    """Pass when `got` is close to `expected`; otherwise fail with the matching mistake's hint."""
+    if not close(got, expected, device, rtol=rtol, atol=atol):
+        raise Hint(diagnose(got, mistakes, generic, same=same))
+
+
+# --- randomness -----------------------------------------------------------------------------
+
+def random_mask(rng: torch.Generator, shape, p_keep: float = 0.7, fully_masked: int = 0) -> torch.Tensor:
+    """A boolean mask (True = may attend) with at least one True in every row of the last axis,
+    except `fully_masked` randomly chosen rows that are entirely False."""
+    m = torch.rand(*shape, generator=rng) < p_keep
+    first = torch.zeros(shape, dtype=torch.bool)
+    first[..., 0] = True
+    m = m | (first & ~m.any(-1, keepdim=True))
+    if fully_masked:
+        rows = m.reshape(-1, shape[-1])
+        pick = torch.randperm(rows.shape[0], generator=rng)[:fully_masked]
+        rows[pick] = False
+        m = rows.reshape(shape)
+    return m
+
+
+# --- gradients ------------------------------------------------------------------------------
+
+NOT_DIFFERENTIABLE = ("`{}`'s result carries no gradient: is something detached, or computed outside "
+                      "PyTorch (NumPy, .item(), .data, a Python float)?")
+
+
+def learner_grads(learner, target, *args, cotangents, what: str = "", params: bool = False, **kwargs) -> GradResult:
+    """`learner.with_grad(...)`, failing with a clear hint when the result carries no gradient."""
+    try:
+        return learner.with_grad(target, *args, cotangents=cotangents, params=params, **kwargs)
+    except LearnerError as exc:
+        if "does not depend differentiably" in exc.message:
+            raise Hint(NOT_DIFFERENTIABLE.format(what or exc.name)) from None
+        raise
+
+
+def reference_grads(fn, args, cotangents, **kwargs) -> list:
+    """Gradients of sum(out_i * g_i) with respect to each floating tensor in `args` (None for the others)."""
+    args = [a.detach().clone().requires_grad_(True) if isinstance(a, torch.Tensor) and a.is_floating_point()
+            else a for a in args]
+    out = fn(*args, **kwargs)
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    pairs = [(o, g) for o, g in zip(outs, cotangents) if g is not None]
+    leaves = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+    grads = torch.autograd.grad([o for o, _ in pairs], leaves, [g for _, g in pairs], allow_unused=True)
+    it = iter(grads)
+    return [next(it) if isinstance(a, torch.Tensor) and a.requires_grad else None for a in args]
+
+
+def expect_grads(got, expected, names, *, device=None, hint: str = ""):
+    """Each gradient present, finite where the reference's is, and close to it."""
+    for name, g, e in zip(names, got, expected):
+        if e is None:
+            continue
+        expect(g is not None, f"No gradient reaches {name}: is something detached, or computed outside "
+                              "PyTorch (NumPy, .item(), .data, a Python float)?")
+        tensor(g, "the gradient", what=f"the gradient with respect to {name}")
+        expect(not torch.isnan(g).any() or torch.isnan(e).any(),
+               f"The gradient with respect to {name} contains NaN: a masked -inf reached the backward pass "
+               "(fill with -inf and fix the result afterwards, e.g. with nan_to_num, still back-propagates NaN).")
+        expect(close(g, e, device), hint or f"The gradient with respect to {name} differs from the reference's.")
+
+
+# --- modules --------------------------------------------------------------------------------
+
+def learner_module(learner, class_name: str, ref_module: torch.nn.Module, *args, **kwargs):
+    """The learner's `class_name(*args, **kwargs)`, holding `ref_module`'s weights (a remote handle).
+
+    Fails with a hint when the learner's parameters do not have the reference's names and shapes."""
+    h = getattr(learner, class_name)(*args, **kwargs)
+    sd = h.state_dict()
+    expect(isinstance(sd, dict), f"`{class_name}`'s state_dict() is not a dict of tensors.")
+    ref_sd = ref_module.state_dict()
+    missing = sorted(set(ref_sd) - set(sd))
+    extra = sorted(set(sd) - set(ref_sd))
+    expect(not missing and not extra,
+           f"`{class_name}` has other parameters than the exercise asks for"
+           + (f"; missing: {', '.join(missing[:5])}" if missing else "")
+           + (f"; unexpected: {', '.join(str(x)[:40] for x in extra[:5])}" if extra else "")
+           + ". Keep the names the locked base class creates.")
+    for k, v in ref_sd.items():
+        expect(isinstance(sd[k], torch.Tensor) and tuple(sd[k].shape) == tuple(v.shape),
+               f"`{class_name}`'s parameter {k} has the wrong shape: expected {tuple(v.shape)}.")
+    h.load_state_dict({k: v.detach().clone() for k, v in ref_sd.items()})
+    return h
+
+
+# --- devices --------------------------------------------------------------------------------
+
+def devices() -> list[str]:
+    """Every device the grader can run a check on: the CPU, and CUDA where present."""
+    return ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def to_meta(value):
+    """`value` with every tensor replaced by an empty tensor of the same shape and dtype on the meta device."""
+    if isinstance(value, torch.Tensor):
+        return torch.empty(value.shape, dtype=value.dtype, device="meta")
+    if isinstance(value, (tuple, list)):
+        return type(value)(to_meta(v) for v in value)
+    if isinstance(value, dict):
+        return {k: to_meta(v) for k, v in value.items()}
+    return value
+
+
+def _leaves(value):
+    if isinstance(value, (tuple, list)):
+        for v in value:
+            yield from _leaves(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _leaves(v)
+    else:
+        yield value
+
+
+DEVICE_ERRORS = ("on the same device", "is not on the expected device", "can't convert meta device type tensor")
+FIXED_DEVICE_HINT = ("`{}` would fail on a GPU: it mixes its inputs with a tensor created on the CPU "
+                     "(torch.zeros/ones/arange/tensor(...) without device=, or .numpy()/.cpu()). Create tensors "
+                     "on the inputs' device (device=x.device, torch.zeros_like, x.new_zeros) or use Python numbers.")
+
+
+def expect_device_agnostic(learner, target, *args, **kwargs):
+    """Fail when the learner's code would fail, or leave the inputs' device, on a GPU.
+
+    The call runs with every tensor argument moved to PyTorch's meta device (shapes and
+    dtypes, no data) and every operation that mixes a meta tensor with a CPU tensor of
+    one or more dimensions failing, as CUDA does: a CPU-only grader sees what a GPU would
+    (0-dim CPU tensors mix with CUDA ones and pass here too). Code the meta device cannot
+    run (data-dependent steps such as .item() or `if mask.any():`) gets no verdict and
+    passes. Run a value check first: this one does not look at values."""
+    name = target if isinstance(target, str) else getattr(target, "_label", "the function")
+    try:
+        out = learner.device_checked(target, *to_meta(list(args)), **to_meta(kwargs))
+    except LearnerError as exc:
+        expect(not any(s in exc.message for s in DEVICE_ERRORS), FIXED_DEVICE_HINT.format(name))
+        return None  # something the meta device cannot run: no verdict
+    except NotImplementedRemote:
+        return None  # e.g. copying data out of a meta tensor: no verdict
+    for t in _leaves(out):
+        if isinstance(t, torch.Tensor):
+            expect(t.device.type == "meta",
+                   f"`{name}` returns a result on {t.device.type} whatever its inputs' device: create tensors "
+                   "on the inputs' device and do not call .cpu() on the result.")
+    return out

@@ -1,0 +1,274 @@
+"""The grader of one assignment: read, audit, load, run the hidden checks, score.
+
+A `Grader` is built once per assignment and batch. It holds what every submission
+shares (the part points and cells of the generated notebook, the hidden-test module,
+the limits and the sandbox) and no global state, so several can run side by side in
+separate processes. `Grader.grade(path)` never raises: whatever happens, it returns a
+`Result` whose `status` says what kind of outcome it is:
+
+* ``graded``: the hidden checks ran; the score is the learner's.
+* ``error``: the notebook was not graded because of the notebook itself (unreadable,
+  malformed, oversized, forged grade cells); `error` says why and the score is 0.
+* ``grader_error``: a fault of ours (a hidden check that crashed, an unexpected
+  exception): the checks it affected are marked, the traceback goes to the log, and the
+  submission needs the instructor's attention. It is never shown as the learner's loss.
+
+Hidden checks are plain functions ``test_*`` in ``autograder/hidden/test_KEY.py``
+marked with ``@points(n, part=...)``; they run here, in the trusted process, and reach
+the learner's code only through the `Learner` proxy (see `autograder.runner`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import logging
+import random
+import secrets
+import sys
+import time
+import traceback
+import zlib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .assignments import Assignment
+from .hidden.support import Hint, Points
+from .limits import DEFAULT, Limits
+from .notebook import (NotebookError, audit_cells, cap, code_cells, read_notebook, reference_cells)
+from .runner import (BoundaryError, CallTimeout, GradingError, Learner, LearnerError, MissingName,
+                     NotImplementedRemote, Submission, WorkerDied)
+
+log = logging.getLogger("autograder")
+
+GRADED, ERROR, GRADER_ERROR = "graded", "error", "grader_error"
+FIXTURES = ("learner", "reference", "rng", "devices", "seed")
+GRADER_FAULT_HINT = ("The grader itself failed on this check (not a mistake of yours); "
+                     "the instructor has been told and will regrade it.")
+
+
+class GraderConfigError(RuntimeError):
+    """The assignment's hidden tests or generated notebook are inconsistent: fix the course, not the learner."""
+
+
+@dataclass
+class CheckResult:
+    name: str
+    part: str
+    title: str
+    points: float
+    max_points: float
+    passed: bool
+    hint: str = ""
+    grader_error: bool = False
+
+
+@dataclass
+class Result:
+    """One submission's grade: everything the reports, gradebook and CSV are made from."""
+
+    assignment: str
+    notebook: str
+    student: str = ""
+    status: str = GRADED  # or ERROR, or GRADER_ERROR (see the module docstring)
+    error: str = ""
+    score: float = 0.0
+    max_score: float = 0.0
+    parts: dict = field(default_factory=dict)  # part -> {"score", "max_score"}
+    checks: list = field(default_factory=list)
+    notes: list = field(default_factory=list)
+    seed: int | None = None
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["score"], d["max_score"] = round(self.score, 4), round(self.max_score, 4)
+        return d
+
+
+def _who(name: str) -> str:
+    return f"`{name}`" if name else "your notebook's code"
+
+
+def hint_for(exc: BaseException) -> str:
+    """The learner-facing explanation of a failed check; never the test's own text."""
+    if isinstance(exc, Hint):
+        return str(exc)
+    if isinstance(exc, NotImplementedRemote):
+        return f"{_who(exc.name)} is not implemented yet: it still raises NotImplementedError."
+    if isinstance(exc, MissingName):
+        return f"{_who(exc.name)} is not defined in your notebook (check its name, and that its cell has no error)."
+    if isinstance(exc, LearnerError):
+        return f"{_who(exc.name)} raised {exc.etype}: {exc.message}"
+    if isinstance(exc, CallTimeout):
+        if exc.during_load or not exc.name:
+            return (f"Loading your notebook's code did not finish within {exc.seconds:.0f} s "
+                    "(a long computation or an endless loop at the top level of a cell?).")
+        return f"{_who(exc.name)} did not finish within {exc.seconds:.0f} s: is there an endless loop?"
+    if isinstance(exc, WorkerDied):
+        if exc.during_load or not exc.name:
+            return ("Your notebook's code ended the grading process while it was being loaded "
+                    "(exit(), os._exit(), or a crash at the top level of a cell).")
+        return f"{_who(exc.name)} ended the grading process (exit(), os._exit() or a crash)."
+    if isinstance(exc, BoundaryError):
+        return f"{_who(exc.name)} returned something the grader cannot accept: {exc}"
+    return f"{_who(getattr(exc, 'name', ''))} failed: {exc}"
+
+
+def check_seed(seed: int, name: str) -> int:
+    """The seed of one check: fixed by the submission's seed and the check's name, in any process."""
+    return (seed * 1_000_003 + zlib.crc32(name.encode())) % 2**63
+
+
+@dataclass(frozen=True)
+class HiddenCheck:
+    name: str
+    part: str
+    points: float
+    title: str
+    fn: object
+    params: tuple
+
+
+def load_hidden_checks(assignment: Assignment):
+    """The hidden-test module and its checks, in file order; GraderConfigError if one is malformed."""
+    module = importlib.import_module(f"autograder.hidden.test_{assignment.key}")
+    checks = []
+    for name, fn in vars(module).items():
+        if not (name.startswith("test_") and inspect.isfunction(fn)):
+            continue
+        pts = getattr(fn, "points", None)
+        if not isinstance(pts, Points):
+            raise GraderConfigError(f"hidden test {name} of {assignment.key} has no @points(n, part=...)")
+        params = tuple(inspect.signature(fn).parameters)
+        unknown = [p for p in params if p not in FIXTURES]
+        if unknown:
+            raise GraderConfigError(f"hidden test {name} asks for unknown fixture(s) {unknown}; "
+                                    f"known: {', '.join(FIXTURES)}")
+        title = (fn.__doc__ or name).strip().splitlines()[0]
+        checks.append(HiddenCheck(name, pts.part, float(pts.n), title, fn, params))
+    return module, checks
+
+
+def part_points(cells: dict[str, dict]) -> dict[str, float]:
+    """part -> points, from the generated notebook's visible-test cells (`test_<part>`)."""
+    out = {}
+    for gid, cell in cells.items():
+        nbg = cell["metadata"].get("nbgrader") or {}
+        if nbg.get("grade") and gid.startswith("test_"):
+            out[gid[len("test_"):]] = float(nbg.get("points", 0))
+    return out
+
+
+def available_devices() -> list[str]:
+    return ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+class Grader:
+    """Grades submissions of one assignment; build once per batch, then call `grade` per notebook."""
+
+    def __init__(self, assignment: Assignment, *, limits: Limits | None = None, overrides: dict | None = None,
+                 sandbox=None, python: str = sys.executable):
+        """`limits` are the defaults, the assignment's `LIMITS` apply on top, then `overrides` (an instructor's)."""
+        self.assignment = assignment
+        self.module, self.checks = load_hidden_checks(assignment)
+        self.limits = (limits or DEFAULT).for_assignment(getattr(self.module, "LIMITS", None)).replace(
+            **(overrides or {}))
+        self.sandbox = sandbox
+        self.python = python
+        self.reference = importlib.import_module(assignment.solutions_module)
+        self.ref_cells = reference_cells(read_notebook(assignment.notebook, self.limits))
+        self.parts = part_points(self.ref_cells)
+        self.max_score = float(sum(self.parts.values()))
+        totals = {p: 0.0 for p in self.parts}
+        for c in self.checks:
+            if c.part not in totals:
+                raise GraderConfigError(f"hidden test {c.name} names unknown part {c.part!r} "
+                                        f"(parts: {', '.join(self.parts)})")
+            totals[c.part] += c.points
+        wrong = {p: (t, self.parts[p]) for p, t in totals.items() if abs(t - self.parts[p]) > 1e-9}
+        if wrong:
+            raise GraderConfigError("hidden test points do not add up to the notebook's: " + ", ".join(
+                f"{p}: {t:g} hidden vs {n:g} visible" for p, (t, n) in wrong.items()))
+
+    def _result(self, path, student: str, seed: int) -> Result:
+        return Result(assignment=self.assignment.key, notebook=str(path), student=student, seed=seed,
+                      max_score=self.max_score, parts={p: {"score": 0.0, "max_score": m} for p, m in self.parts.items()})
+
+    def grade(self, path: str | Path, *, student: str = "", seed: int | None = None) -> Result:
+        """Grade one notebook file. Never raises; see the module docstring for the statuses."""
+        start = time.monotonic()
+        seed = secrets.randbelow(2**31) if seed is None else int(seed)
+        result = self._result(path, student, seed)
+        try:
+            self._grade(Path(path), result)
+        except Exception as exc:  # noqa: BLE001 - a fault of ours must not lose the submission
+            log.error("grader error while grading %s (%s), seed %d", path, student or "-", seed, exc_info=True)
+            result.status = GRADER_ERROR
+            result.error = (f"internal grader error ({type(exc).__name__}); the traceback is in the grading "
+                            "log. This is not the learner's fault: fix and regrade")
+        result.score = float(sum(p["score"] for p in result.parts.values()))
+        result.seconds = time.monotonic() - start
+        return result
+
+    def _grade(self, path: Path, result: Result) -> None:
+        try:
+            nb = read_notebook(path, self.limits)
+        except NotebookError as exc:
+            result.status, result.error = ERROR, str(exc)
+            return
+        audit = audit_cells(nb, self.ref_cells, self.limits)
+        result.notes += audit.notes
+        if audit.rejected:
+            result.status, result.error = ERROR, audit.rejected
+            return
+        if nb.assignment and nb.assignment != self.assignment.key:
+            result.notes.append(f"this notebook was generated for {nb.assignment[:60]!r}, "
+                                f"graded as {self.assignment.key}")
+        with Submission(code_cells(nb), limits=self.limits, seed=result.seed, sandbox=self.sandbox,
+                        python=self.python, notebook=path) as sub:
+            self._run_checks(sub, result)
+            result.notes += [f"{e['cell']}, line {e['line']}: {e['error']}" for e in sub.load_errors]
+            result.notes += sub.load_notes
+        result.notes = cap(result.notes, self.limits)
+
+    def _run_checks(self, sub: Submission, result: Result) -> None:
+        learner = Learner(sub)
+        faults = []
+        for check in self.checks:
+            s = check_seed(result.seed, check.name)
+            torch.manual_seed(s)
+            np.random.seed(s % 2**32)
+            random.seed(s)
+            fixtures = {"learner": learner, "reference": self.reference, "seed": s,
+                        "rng": torch.Generator().manual_seed(s), "devices": available_devices()}
+            passed, hint, fault = False, "", False
+            try:
+                sub.reseed(s)
+                check.fn(**{p: fixtures[p] for p in check.params})
+                passed = True
+            except (Hint, GradingError) as exc:
+                hint = hint_for(exc)
+            except Exception:  # noqa: BLE001 - a bug in our check: the instructor's problem, not the learner's
+                fault = True
+                hint = GRADER_FAULT_HINT
+                faults.append(check.name)
+                log.error("hidden check %s crashed on %s (%s), seed %d:\n%s", check.name, result.notebook,
+                          result.student or "-", result.seed, traceback.format_exc())
+            result.checks.append(CheckResult(name=check.name, part=check.part, title=check.title,
+                                             points=check.points if passed else 0.0, max_points=check.points,
+                                             passed=passed, hint=hint, grader_error=fault))
+            if passed:
+                result.parts[check.part]["score"] += check.points
+        if faults:
+            result.status = GRADER_ERROR
+            result.error = (f"{len(faults)} hidden check(s) crashed in the grader ({', '.join(faults)}); "
+                            "their points are not counted yet: the traceback is in the grading log. "
+                            "This is not the learner's fault: fix and regrade")
+
+
+__all__ = ["Grader", "GraderConfigError", "Result", "CheckResult", "GRADED", "ERROR", "GRADER_ERROR",
+           "hint_for", "check_seed"]

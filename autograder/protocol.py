@@ -1,0 +1,264 @@
+"""The wire protocol between the trusted grader and the worker that runs learner code.
+
+Both sides import this module: the trusted side as ``autograder.protocol``, the worker
+(which sees only its own folder inside the sandbox) as ``protocol``. It depends on the
+standard library and NumPy, and on PyTorch lazily.
+
+Framing: one JSON document per line, each way. The trusted side sends a request
+``{"id": N, "op": OP_..., ...}``; the worker answers ``{"id": N, "ok": true, "value": V}``
+or ``{"id": N, "ok": false, "kind": KIND_..., "type": "...", "message": "..."}``.
+
+Values: JSON scalars and lists as themselves; everything else as a one-key object whose
+key is a tag (``TAG_TUPLE``...). Arrays and tensors travel as raw bytes (base64) with an
+allow-listed dtype and a shape, never pickle, so reading a reply cannot run code. Reading
+is bounded: a reply's size, its number of containers, its nesting and each array's bytes
+are checked against limits before anything is built, so the cost of decoding is linear
+in the reply's size whatever the sender puts in it.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import re
+import sys
+
+import numpy as np
+
+# --- message kinds ----------------------------------------------------------------------
+OP_LOAD = "load"            # {"cells": [{"label", "source"}], "seed"} -> {"errors": [...], "notes": [...]}
+OP_SEED = "seed"            # {"seed"} -> None: seed the worker's random generators
+OP_HAS = "has"              # {"name"} -> bool
+OP_CALL = "call"            # {"target", "args", "kwargs", ["device_check"]} -> value
+OP_GETATTR = "getattr"      # {"target", "attr"} -> value
+OP_WITH_GRAD = "with_grad"  # {"target", "args", "kwargs", "cotangents", "params"} -> {"output", "arg_grads", "param_grads"}
+OPS = (OP_LOAD, OP_SEED, OP_HAS, OP_CALL, OP_GETATTR, OP_WITH_GRAD)
+
+KIND_LEARNER = "learner"                # the learner's code raised
+KIND_NOT_IMPLEMENTED = "notimplemented"  # ... NotImplementedError: still the stub
+KIND_MISSING = "missing"                # the notebook does not define the name
+KIND_CODEC = "codec"                    # a value could not cross the boundary
+KINDS = (KIND_LEARNER, KIND_NOT_IMPLEMENTED, KIND_MISSING, KIND_CODEC)
+
+# --- value tags ---------------------------------------------------------------------------
+TAG_FLOAT = "__float__"        # "nan", "inf", "-inf"
+TAG_NDARRAY = "__ndarray__"    # array payload
+TAG_NPSCALAR = "__npscalar__"  # array payload of shape ()
+TAG_TENSOR = "__tensor__"      # {"dtype", "device", "array"}
+TAG_META = "__meta__"          # {"dtype", "shape"}: a tensor on the meta device (no data)
+TAG_DTYPE = "__dtype__"        # "float32"
+TAG_DEVICE = "__device__"      # "cuda:0"
+TAG_TUPLE = "__tuple__"        # [values]
+TAG_DICT = "__dict__"          # [[key, value], ...], keys str (or int, towards the worker only)
+TAG_HANDLE = "__handle__"      # {"id", "type"}: an object that stays in the worker
+
+# Dtypes that may cross. Anything else (object arrays above all) is refused.
+DTYPES = ("bool", "uint8", "int8", "int16", "int32", "int64",
+          "float16", "float32", "float64", "complex64", "complex128")
+TENSOR_DTYPES = DTYPES + ("bfloat16",)  # bfloat16 travels as float32 bytes
+DEVICE_RE = re.compile(r"^(cpu|meta|cuda(:\d{1,2})?|mps(:0)?)$")
+
+
+class CodecError(ValueError):
+    """A value that cannot cross the boundary, or a message that breaks the format."""
+
+
+# --- framing ------------------------------------------------------------------------------
+
+def frame(message: dict) -> bytes:
+    """One message as one line of JSON."""
+    return json.dumps(message, allow_nan=False, separators=(",", ":")).encode() + b"\n"
+
+
+def parse_frame(line: bytes, *, max_containers: int):
+    """Parse one line, refusing before parsing what would cost more than its size."""
+    if line.count(b"[") + line.count(b"{") > max_containers:
+        raise CodecError(f"the message holds more than {max_containers} lists or objects")
+    try:
+        return json.loads(line)
+    except (ValueError, RecursionError, MemoryError):
+        raise CodecError("the message is not valid JSON") from None
+
+
+# --- arrays -------------------------------------------------------------------------------
+
+def _torch():
+    import torch
+
+    return torch
+
+
+def _is_tensor(x) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def array_payload(arr: np.ndarray) -> dict:
+    arr = np.ascontiguousarray(arr)
+    if arr.dtype.name not in DTYPES:
+        raise CodecError(f"arrays of dtype {arr.dtype} cannot cross")
+    return {"dtype": arr.dtype.name, "shape": [int(n) for n in arr.shape],
+            "data": base64.b64encode(arr.tobytes()).decode("ascii")}
+
+
+def _shape(shape, max_dims: int) -> list[int]:
+    if not isinstance(shape, list) or len(shape) > max_dims or not all(
+            type(n) is int and 0 <= n < 2**40 for n in shape):
+        raise CodecError("malformed shape")
+    return shape
+
+
+def array_from_payload(p, *, max_dims: int = 16) -> np.ndarray:
+    """Rebuild an array, checking every field and the size before decoding any byte."""
+    if not isinstance(p, dict) or set(p) != {"dtype", "shape", "data"}:
+        raise CodecError("malformed array payload")
+    dtype, data = p["dtype"], p["data"]
+    shape = _shape(p["shape"], max_dims)
+    if dtype not in DTYPES:
+        raise CodecError(f"dtype {dtype!r} is not allowed")
+    if not isinstance(data, str):
+        raise CodecError("malformed array data")
+    nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+    if len(data) != 4 * ((nbytes + 2) // 3):
+        raise CodecError("array data does not match its dtype and shape")
+    try:
+        raw = base64.b64decode(data.encode("ascii"), validate=True)
+    except (ValueError, UnicodeEncodeError):
+        raise CodecError("malformed array data") from None
+    if len(raw) != nbytes:
+        raise CodecError("array data does not match its dtype and shape")
+    return np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
+
+
+def tensor_payload(t) -> dict:
+    torch = _torch()
+    # Plain-tensor views of the data: a subclass's overrides cannot change what is sent.
+    t = torch.Tensor.detach(t)
+    dtype = str(t.dtype).replace("torch.", "")
+    if t.dtype == torch.bfloat16:
+        t = t.float()
+    return {"dtype": dtype, "device": str(t.device),
+            "array": array_payload(t.cpu().resolve_conj().resolve_neg().numpy())}
+
+
+def make_tensor(arr: np.ndarray, dtype: str, device: str):
+    torch = _torch()
+    want = getattr(torch, dtype, None)
+    if dtype not in TENSOR_DTYPES or not isinstance(want, torch.dtype):
+        raise CodecError("unknown tensor dtype")
+    if not isinstance(device, str) or not DEVICE_RE.match(device):
+        raise CodecError("unknown device")
+    t = torch.from_numpy(arr)
+    if t.dtype != want:
+        t = t.to(want)
+    if device != "cpu":
+        try:
+            t = t.to(device)
+        except (RuntimeError, AssertionError) as exc:
+            raise CodecError(f"device {device} is not available here ({type(exc).__name__})") from None
+    return t
+
+
+# --- values -------------------------------------------------------------------------------
+
+def encode(obj, to_handle=None, depth: int = 0, max_depth: int = 32):
+    """Python value -> JSON-able structure. Other objects become handles via to_handle."""
+    if depth > max_depth:
+        raise CodecError("value nested too deeply")
+    if obj is None or type(obj) in (bool, str, int):
+        return obj
+    if type(obj) is float:
+        return obj if math.isfinite(obj) else {TAG_FLOAT: repr(obj)}
+    if isinstance(obj, np.ndarray):
+        return {TAG_NDARRAY: array_payload(obj)}
+    if isinstance(obj, np.generic) and obj.dtype.name in DTYPES:
+        return {TAG_NPSCALAR: array_payload(np.asarray(obj))}
+    if _is_tensor(obj):
+        torch = _torch()
+        if torch.Tensor.detach(obj).device.type == "meta":
+            return {TAG_META: {"dtype": str(obj.dtype).replace("torch.", ""), "shape": [int(n) for n in obj.shape]}}
+        return {TAG_TENSOR: tensor_payload(obj)}
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        if isinstance(obj, torch.dtype):
+            return {TAG_DTYPE: str(obj).replace("torch.", "")}
+        if isinstance(obj, torch.device):
+            return {TAG_DEVICE: str(obj)}
+    if type(obj) is tuple:
+        return {TAG_TUPLE: [encode(x, to_handle, depth + 1, max_depth) for x in obj]}
+    if type(obj) is list:
+        return [encode(x, to_handle, depth + 1, max_depth) for x in obj]
+    if type(obj) is dict or (isinstance(obj, dict) and type(obj).__name__ == "OrderedDict"):
+        items = []
+        for k, v in obj.items():
+            if type(k) not in (str, int):
+                raise CodecError("only str and int dict keys can cross")
+            items.append([k, encode(v, to_handle, depth + 1, max_depth)])
+        return {TAG_DICT: items}
+    if to_handle is not None:
+        return to_handle(obj)
+    raise CodecError(f"a value of type {type(obj).__name__} cannot cross")
+
+
+class Decoder:
+    """JSON-able structure -> Python value; the inverse of `encode`, with bounds.
+
+    `int_keys` allows int dict keys: only towards the worker. The trusted side refuses
+    them (a sender who picks ints with colliding hashes makes building a dict quadratic).
+    """
+
+    def __init__(self, from_handle=None, *, max_depth: int = 32, max_dims: int = 16, int_keys: bool = False):
+        self.from_handle, self.max_depth, self.max_dims, self.int_keys = from_handle, max_depth, max_dims, int_keys
+
+    def __call__(self, obj, depth: int = 0):
+        if depth > self.max_depth:
+            raise CodecError("value nested too deeply")
+        if obj is None or type(obj) in (bool, int, float, str):
+            return obj
+        if type(obj) is list:
+            return [self(x, depth + 1) for x in obj]
+        if type(obj) is not dict or len(obj) != 1:
+            raise CodecError("malformed value")
+        (tag, val), = obj.items()
+        if tag == TAG_FLOAT:
+            if val not in ("nan", "inf", "-inf"):
+                raise CodecError("malformed float")
+            return float(val)
+        if tag == TAG_NDARRAY:
+            return array_from_payload(val, max_dims=self.max_dims)
+        if tag == TAG_NPSCALAR:
+            arr = array_from_payload(val, max_dims=self.max_dims)
+            if arr.shape != ():
+                raise CodecError("malformed scalar")
+            return arr[()]
+        if tag == TAG_TENSOR:
+            if type(val) is not dict or set(val) != {"array", "dtype", "device"}:
+                raise CodecError("malformed tensor payload")
+            return make_tensor(array_from_payload(val["array"], max_dims=self.max_dims), val["dtype"], val["device"])
+        if tag == TAG_META:
+            if type(val) is not dict or set(val) != {"dtype", "shape"} or val["dtype"] not in TENSOR_DTYPES:
+                raise CodecError("malformed meta tensor")
+            torch = _torch()
+            return torch.empty(_shape(val["shape"], self.max_dims), dtype=getattr(torch, val["dtype"]), device="meta")
+        if tag == TAG_DTYPE:
+            if val not in TENSOR_DTYPES:
+                raise CodecError("unknown dtype")
+            return getattr(_torch(), val)
+        if tag == TAG_DEVICE:
+            if not isinstance(val, str) or not DEVICE_RE.match(val):
+                raise CodecError("unknown device")
+            return _torch().device(val)
+        if tag == TAG_TUPLE and type(val) is list:
+            return tuple(self(x, depth + 1) for x in val)
+        if tag == TAG_DICT and type(val) is list:
+            out = {}
+            key_types = (str, int) if self.int_keys else (str,)
+            for item in val:
+                if not (type(item) is list and len(item) == 2 and type(item[0]) in key_types):
+                    raise CodecError("malformed dict")
+                out[item[0]] = self(item[1], depth + 1)
+            return out
+        if tag == TAG_HANDLE and self.from_handle is not None:
+            return self.from_handle(val)
+        raise CodecError("unknown value tag")
