@@ -33,7 +33,7 @@ class Assignment:
 
     @property
     def hidden_tests(self) -> Path:
-        """The hidden tests: pytest tests run in the trusted process."""
+        """The hidden checks (plain `test_*` functions with @points), run in the trusted process."""
         return ROOT / "autograder" / "hidden" / f"test_{self.key}.py"
 
     @property

@@ -2,7 +2,15 @@
 
 The master (``exercises/source/KEY.md``) is a MyST markdown notebook in nbgrader's
 source format: solution cells hold ``### BEGIN SOLUTION`` / ``### END SOLUTION``
-regions, test cells carry ``grade: true`` and their points. From it we write
+regions, test cells carry ``grade: true`` and their points. Two shorthands keep it short:
+
+* a code cell's option ``:grader: locked ID``, ``:grader: solution ID`` or
+  ``:grader: tests PART POINTS`` expands to the full nbgrader metadata (see
+  ``GRADER_FORMS``); the long ``nbgrader:`` YAML block still works;
+* a line ``<!-- instructions -->`` is replaced by the shared learner instructions,
+  ``exercises/source/_instructions.md``, with ``{key}`` set to the chapter key.
+
+From it we write
 
 * ``exercises/KEY.ipynb``: nbgrader's own preprocessors replace solutions by stubs,
   lock cells, clear outputs and hidden tests, and compute checksums;
@@ -35,6 +43,16 @@ from nbgrader.preprocessors import (
 from .assignments import ROOT, Assignment, all_assignments
 
 MARKER_RE = re.compile(r"^\s*### (BEGIN|END) (SOLUTION|HIDDEN TESTS)\s*$")
+INSTRUCTIONS = ROOT / "exercises" / "source" / "_instructions.md"
+INCLUDE_RE = re.compile(r"^<!-- instructions -->[ \t]*\n?", flags=re.M)
+NAME_RE = re.compile(r"^[A-Za-z0-9_-]+$")
+POINTS_RE = re.compile(r"^(?:\d+|\d*\.\d+)$")
+# `:grader: FORM ARGS...` -> nbgrader metadata (the grade_id and points come from ARGS).
+GRADER_FORMS = {
+    "locked": ("ID", {"grade": False, "locked": True, "solution": False}),
+    "solution": ("ID", {"grade": False, "locked": False, "solution": True}),
+    "tests": ("PART POINTS", {"grade": True, "locked": True, "solution": False}),
+}
 GENERATED_NOTE = (
     "GENERATED from {master} by `python -m autograder generate`; do not edit. "
     "Edit the master and regenerate."
@@ -47,10 +65,12 @@ class MasterError(ValueError):
 
 def read_master(assignment: Assignment) -> nbformat.NotebookNode:
     """The master as an nbformat notebook with deterministic cell ids."""
-    text = assignment.master.read_text(encoding="utf-8")
+    text = include_instructions(assignment, assignment.master.read_text(encoding="utf-8"))
     nb = read_myst_markdown_notebook(text)
     seen: set[str] = set()
     for i, cell in enumerate(nb.cells):
+        if "grader" in cell.metadata:
+            expand_grader_option(assignment, i, cell)
         meta = cell.metadata.get("nbgrader")
         cell_id = meta["grade_id"] if meta and "grade_id" in meta else f"cell-{i:03d}"
         if cell_id in seen:
@@ -63,6 +83,45 @@ def read_master(assignment: Assignment) -> nbformat.NotebookNode:
     nb.metadata["language_info"] = {"name": "python"}
     nbformat.validate(nb)
     return nb
+
+
+def include_instructions(assignment: Assignment, text: str) -> str:
+    """The master's text with each ``<!-- instructions -->`` line replaced by the shared
+    instructions, their ``{key}`` set to the chapter key."""
+    if not INCLUDE_RE.search(text):
+        return text
+    if not INSTRUCTIONS.exists():
+        raise MasterError(f"{assignment.master}: includes the instructions, but {_rel(INSTRUCTIONS)} is missing")
+    shared = INSTRUCTIONS.read_text(encoding="utf-8").replace("{key}", assignment.key)
+    if not shared.endswith("\n"):
+        shared += "\n"
+    return INCLUDE_RE.sub(lambda _: shared, text)
+
+
+def expand_grader_option(assignment: Assignment, index: int, cell: nbformat.NotebookNode) -> None:
+    """Replace a cell's ``:grader:`` option by the nbgrader metadata it stands for."""
+    value = cell.metadata.pop("grader")
+    first = next((ln.strip() for ln in cell.source.splitlines() if ln.strip()), "")
+    where = f"{assignment.master}: cell {index} ({first[:60]!r})"
+    words = value.split() if isinstance(value, str) else []
+    form = GRADER_FORMS.get(words[0]) if words else None
+    if cell.cell_type != "code":
+        raise MasterError(f"{where}: only code cells take a :grader: option")
+    if "nbgrader" in cell.metadata:
+        raise MasterError(f"{where}: give either :grader: or an nbgrader: block, not both")
+    args = words[1:]
+    if (form is None or len(args) != len(form[0].split()) or not NAME_RE.match(args[0])
+            or (words[0] == "tests" and not (POINTS_RE.match(args[1]) and float(args[1]) > 0))):
+        usage = "; ".join(f"':grader: {name} {arg}'" for name, (arg, _) in GRADER_FORMS.items())
+        raise MasterError(f"{where}: malformed option ':grader: {value}'. Expected one of {usage}, "
+                          "where ID and PART are letters, digits, '_' or '-', and POINTS a positive number")
+    meta = {**form[1], "schema_version": 3}
+    if words[0] == "tests":
+        meta["grade_id"] = f"test_{args[0]}"
+        meta["points"] = int(args[1]) if args[1].isdigit() else float(args[1])
+    else:
+        meta["grade_id"] = args[0]
+    cell.metadata["nbgrader"] = meta
 
 
 def grade_cells(nb: nbformat.NotebookNode) -> dict[str, float]:

@@ -8,11 +8,12 @@ decides *where* the worker runs. `Sandbox.wrap` turns the worker's command line 
           --perms 1777 --size 64M --tmpfs /tmp          # private, size-capped /tmp
           --ro-bind /usr /usr  (+ /lib, /bin symlinks, a few /etc files)
           --ro-bind PREFIX PREFIX ...                   # the Python installation(s), read-only
-          --ro-bind-data FD /grader/worker.py           # a copy of the worker script
+          --ro-bind-data FD /grader/worker.py           # copies of the worker script and
+          --ro-bind-data FD /grader/protocol.py         # the wire protocol it imports
           --ro-bind-data FD /submission/NAME.ipynb      # a copy of this learner's notebook
           --proc /proc --dev /dev --remount-ro / --chdir /tmp
       setpriv --reuid UID --regid UID --clear-groups --inh-caps=-all --bounding-set=-all --no-new-privs
-      prlimit --nproc --as --fsize --nofile --cpu --core=0
+      prlimit --nproc --as --fsize --nofile --cpu --core=0   # autograder.limits.Limits.sandbox_*
       python -I /grader/worker.py REQ_FD REPLY_FD
 
 Run as root (the usual case on a grading server or in CI), bubblewrap sets up the

@@ -399,6 +399,13 @@ def _flavour(nb, flavour: str) -> dict:
     return d
 
 
+def _with_raw_cell(nb, source: str) -> dict:
+    """The notebook as JSON with one more code cell whose source is one string (as compact as JSON gets)."""
+    d = json.loads(nbformat.writes(nb))
+    d["cells"].append({"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [], "source": source})
+    return d
+
+
 class _Listener:
     """A TCP server on the host's loopback: a sandboxed learner must never reach it."""
 
@@ -515,10 +522,18 @@ def batch(tmp_path_factory):
     nbs["escape_as_daemon"] = add_cell(_ref(), ESCAPE_DAEMON.format(marker=MARKER))
     nbs["oversized_reply"] = add_cell(_stub(), OVERSIZED_REPLY)
 
+    # built to be slow or costly to process, just under the size limit (20 MiB)
+    nbs["slow_parse_deep_nesting"] = _with_raw_cell(_ref(), "x = " + "(" * 200_000 + "1" + ")" * 200_000 + "\n")
+    nbs["slow_parse_long_expression"] = _with_raw_cell(_ref(), "x = " + "1+" * 4_000_000 + "1\n")
+    nbs["slow_parse_many_statements"] = _with_raw_cell(_ref(), "a=1\n" * (19 * 2**20 // 5))
+    bomb = json.loads(nbformat.writes(_ref()))
+    bomb["metadata"]["bomb"] = [[]] * 3_000_000
+    nbs["json_container_bomb"] = bomb
+
     for name, nb in nbs.items():
         path = subs / f"{name}.ipynb"
         if isinstance(nb, dict):
-            path.write_text(json.dumps(nb), encoding="utf-8")
+            path.write_text(json.dumps(nb, separators=(",", ":")), encoding="utf-8")
         else:
             write(nb, path)
     (subs / "malformed_json.ipynb").write_text('{"cells": [ {"cell_type": "code", oops', encoding="utf-8")
@@ -761,3 +776,23 @@ def test_broken_notebooks_get_a_clear_error(batch, name, words):
     assert words in r["error"]
     row = next(ln for ln in batch["csv"] if ln.startswith(f"{name},"))
     assert ",error," in row
+
+
+# --- notebooks built to be slow to process ---------------------------------------------------
+
+@pytest.mark.parametrize("name", ["slow_parse_deep_nesting", "slow_parse_long_expression",
+                                  "slow_parse_many_statements"])
+def test_a_notebook_slow_to_parse_costs_only_its_own_time(batch, name):
+    """Is a notebook under the size limit whose code is costly to parse handled in the sandbox, within its
+    own time limit, without taking the trusted grader's time or memory (its other cells still count)?"""
+    r = batch["by"][name]
+    assert os.path.getsize(batch["subs"] / f"{name}.ipynb") < 20 * 2**20
+    assert r["status"] == "graded" and r["seconds"] <= float(TIMEOUT) + 10, (r["status"], r["seconds"])
+    assert any("could not be parsed" in n or "nested parentheses" in n for n in r["notes"]), r["notes"]
+    assert r["score"] == FULL  # the cell that could not be parsed is skipped; the answers count
+
+
+def test_a_json_container_bomb_is_refused_before_parsing(batch):
+    """Is a notebook of millions of tiny JSON lists refused at once, not parsed into gigabytes?"""
+    r = _expect(batch, "json_container_bomb", 0.0, status="error")
+    assert "lists and objects" in r["error"] and r["seconds"] < 2

@@ -7,14 +7,16 @@ import re
 import shutil
 import sys
 import subprocess
+from types import SimpleNamespace
 
 import nbformat
 import pytest
 from nbgrader.utils import compute_checksum, is_grade, is_locked, is_solution
 
-from autograder.assignments import ROOT, all_assignments
-from autograder.generate import read_master
-from autograder.scoring import part_points
+from autograder import generate as gen
+from autograder.assignments import KEY_RE, ROOT, all_assignments
+from autograder.generate import MasterError, read_master
+from autograder.grader import Grader, GraderConfigError
 
 ASSIGNMENTS = all_assignments()
 KEYS = [a.key for a in ASSIGNMENTS]
@@ -82,19 +84,23 @@ def test_graded_and_solution_cells_are_locked_and_checksummed(assignment):
 
 @pytest.mark.parametrize("assignment", ASSIGNMENTS, ids=KEYS)
 def test_hidden_points_add_up_to_the_notebook_points(assignment):
-    """Do the hidden tests of each part carry exactly the points the notebook announces?"""
-    tree = ast.parse(assignment.hidden_tests.read_text(encoding="utf-8"))
-    consts = {t.id: n.value.value for n in tree.body if isinstance(n, ast.Assign)
-              for t in n.targets if isinstance(t, ast.Name) and isinstance(n.value, ast.Constant)}
+    """Do the hidden checks of each part carry exactly the points the notebook announces (the grader starts)?"""
+    grader = Grader(assignment)
     totals: dict[str, float] = {}
-    for fn in (n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")):
-        marks = [d for d in fn.decorator_list if isinstance(d, ast.Call) and getattr(d.func, "id", "") == "points"]
-        assert len(marks) == 1, f"{fn.name} needs exactly one @points(n, part=...)"
-        pts = marks[0].args[0].value
-        part = next(k.value for k in marks[0].keywords if k.arg == "part")
-        part = consts.get(part.id) if isinstance(part, ast.Name) else part.value
-        totals[part] = totals.get(part, 0) + pts
-    assert totals == part_points(assignment)
+    for check in grader.checks:
+        totals[check.part] = totals.get(check.part, 0) + check.points
+    assert totals == grader.parts == {gid[len("test_"):]: pts for gid, pts in
+                                      gen.grade_cells(read_master(assignment)).items()}
+
+
+def test_grader_refuses_hidden_points_that_do_not_add_up(monkeypatch):
+    """Does a hidden check with the wrong points stop the grader before it grades anyone?"""
+    import autograder.hidden.test_03_qkv as hidden
+
+    check = next(getattr(hidden, n) for n in dir(hidden) if n.startswith("test_"))
+    monkeypatch.setattr(check, "points", type(check.points)(check.points.n + 1, check.points.part))
+    with pytest.raises(GraderConfigError, match="do not add up"):
+        Grader(next(a for a in ASSIGNMENTS if a.key == "03_qkv"))
 
 
 @pytest.mark.parametrize("assignment", ASSIGNMENTS, ids=KEYS)
@@ -108,6 +114,95 @@ def test_reference_module_matches_master(assignment):
     for name in re.findall(r"^def (\w+)", "\n".join(c.source for c in read_master(assignment).cells
                                                    if is_solution(c)), flags=re.M):
         assert callable(getattr(module, name))
+
+
+FRONT_MATTER = "---\nkernelspec:\n  name: python3\n  display_name: Python 3\n---\n\n# Demo\n"
+
+
+def _demo(tmp_path, body, key="99_demo"):
+    """A stand-in assignment whose master is FRONT_MATTER + body."""
+    master = tmp_path / f"{key}.md"
+    master.write_text(FRONT_MATTER + body, encoding="utf-8")
+    return SimpleNamespace(key=key, master=master)
+
+
+def _cell(options, source="x = 1"):
+    return "\n```{code-cell} ipython3\n" + options + source + "\n```\n"
+
+
+def test_grader_options_expand_to_the_long_nbgrader_metadata(tmp_path):
+    """Does each `:grader:` form give exactly the nbgrader metadata its long YAML block gives?"""
+    short = (_cell(":grader: locked setup\n:tags: [export]\n")
+             + _cell(":grader: solution softmax\n", "def f():\n    ### BEGIN SOLUTION\n    return 1\n    ### END SOLUTION")
+             + _cell(":grader: tests softmax 3\n", "assert f() == 1")
+             + _cell(":grader: tests half 1.5\n"))
+    long = (_cell("---\nnbgrader:\n  grade: false\n  grade_id: setup\n  locked: true\n  schema_version: 3\n"
+                  "  solution: false\ntags: [export]\n---\n")
+            + _cell("---\nnbgrader:\n  grade: false\n  grade_id: softmax\n  locked: false\n  schema_version: 3\n"
+                    "  solution: true\n---\n", "def f():\n    ### BEGIN SOLUTION\n    return 1\n    ### END SOLUTION")
+            + _cell("---\nnbgrader:\n  grade: true\n  grade_id: test_softmax\n  locked: true\n  points: 3\n"
+                    "  schema_version: 3\n  solution: false\n---\n", "assert f() == 1")
+            + _cell("---\nnbgrader:\n  grade: true\n  grade_id: test_half\n  locked: true\n  points: 1.5\n"
+                    "  schema_version: 3\n  solution: false\n---\n"))
+    (tmp_path / "short").mkdir()
+    (tmp_path / "long").mkdir()
+    nb_short = read_master(_demo(tmp_path / "short", short))
+    nb_long = read_master(_demo(tmp_path / "long", long))
+    code = [c for c in nb_short.cells if c.cell_type == "code"]
+    assert [dict(c.metadata) for c in code] == [
+        {"nbgrader": {"grade": False, "grade_id": "setup", "locked": True, "schema_version": 3,
+                      "solution": False}, "tags": ["export"]},
+        {"nbgrader": {"grade": False, "grade_id": "softmax", "locked": False, "schema_version": 3,
+                      "solution": True}},
+        {"nbgrader": {"grade": True, "grade_id": "test_softmax", "locked": True, "points": 3,
+                      "schema_version": 3, "solution": False}},
+        {"nbgrader": {"grade": True, "grade_id": "test_half", "locked": True, "points": 1.5,
+                      "schema_version": 3, "solution": False}},
+    ]
+    assert type(code[2].metadata["nbgrader"]["points"]) is int
+    assert nbformat.writes(nb_short) == nbformat.writes(nb_long)
+    assert [c.source for c in code] == [c.source for c in nb_long.cells if c.cell_type == "code"]
+
+
+@pytest.mark.parametrize("value", [
+    "tests encoder", "tests encoder three", "tests encoder 0", "tests encoder -1", "solution",
+    "locked a b", "graded encoder", "solution bad!id", "true", "", "[solution, encoder]",
+])
+def test_malformed_grader_option_is_rejected_naming_master_and_cell(tmp_path, value):
+    """Is a malformed `:grader:` value refused with a message naming the master, the cell and the forms?"""
+    assignment = _demo(tmp_path, _cell(":grader: locked setup\n") + _cell(f":grader: {value}\n", "def broken():"))
+    with pytest.raises(MasterError) as err:
+        read_master(assignment)
+    msg = str(err.value)
+    assert str(assignment.master) in msg and "cell 2" in msg and "def broken():" in msg
+    assert "malformed" in msg and "tests PART POINTS" in msg and "solution ID" in msg
+
+
+def test_instructions_are_included_with_the_chapter_key(tmp_path, monkeypatch):
+    """Does a `<!-- instructions -->` line become the shared instructions, `{key}` set, and nothing else?"""
+    shared = tmp_path / "_instructions.md"
+    shared.write_text("* Shared line.\n* Check `exercises/{key}.ipynb`\n", encoding="utf-8")
+    monkeypatch.setattr(gen, "INSTRUCTIONS", shared)
+    body = "\nIntro.\n\n<!-- instructions -->\n\nConventions.\n\nNot `<!-- instructions -->` here.\n" + _cell("")
+    nb = read_master(_demo(tmp_path, body, key="42_demo"))
+    assert nb.cells[0].source == ("# Demo\n\nIntro.\n\n* Shared line.\n* Check `exercises/42_demo.ipynb`\n\n"
+                                  "Conventions.\n\nNot `<!-- instructions -->` here.")
+    shared.unlink()
+    with pytest.raises(MasterError, match="_instructions.md is missing"):
+        read_master(_demo(tmp_path, body, key="42_demo"))
+
+
+@pytest.mark.parametrize("assignment", ASSIGNMENTS, ids=KEYS)
+def test_learner_notebook_carries_the_shared_instructions(assignment):
+    """Does each master include the shared instructions once, and its learner notebook show them for its own key?"""
+    master = assignment.master.read_text(encoding="utf-8")
+    assert master.count("<!-- instructions -->") == 1
+    assert "nbgrader:" not in master, "use the short :grader: options"
+    shared = gen.INSTRUCTIONS.read_text(encoding="utf-8").replace("{key}", assignment.key)
+    assert f"exercises/{assignment.key}.ipynb" in shared
+    intro = nbformat.read(str(assignment.notebook), as_version=4).cells[0].source
+    assert shared in intro and "<!-- instructions -->" not in intro and "{key}" not in intro
+    assert gen.INSTRUCTIONS.stem not in KEYS and all(KEY_RE.match(k) for k in KEYS)
 
 
 def test_committed_generated_files_are_current():
