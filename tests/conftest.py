@@ -113,3 +113,48 @@ def graded_chapter(tmp_path_factory):
             _GRADED[key] = (base, out, summary, {s["student"]: s for s in summary["submissions"]})
         return _GRADED[key]
     return get
+
+
+# --- the adversarial suite: every attack module's submissions in one sandboxed batch -------
+
+@pytest.fixture(scope="session")
+def batch(tmp_path_factory):
+    """One `grade` run over every attack of tests/attacks/, with what the tests need to judge it."""
+    import hashlib
+    import sqlite3
+
+    from attacks import KEY, TIMEOUT, Context, modules
+    from attacks.round1 import _procs_left
+
+    base = tmp_path_factory.mktemp("adversarial")
+    ctx = Context(base=base, subs=base / "subs", out=base / "out")
+    ctx.subs.mkdir()
+    for module in modules():
+        module.build(ctx)
+    for name, nb in ctx.nbs.items():
+        path = ctx.subs / f"{name}.ipynb"
+        if isinstance(nb, dict):
+            path.write_text(json.dumps(nb, separators=(",", ":")), encoding="utf-8")
+        else:
+            write(nb, path)
+
+    def sha(p):
+        return hashlib.sha256(Path(p).read_bytes()).hexdigest()
+
+    before = {str(p): sha(p) for p in ctx.protected}
+    before_subs = {str(p.relative_to(ctx.subs)): sha(p) for p in ctx.subs.rglob("*")
+                   if p.is_file() and not p.is_symlink()}
+    proc = run_cli("grade", str(ctx.subs), "--assignment", KEY, "--out", str(ctx.out), "--timeout", TIMEOUT, "--json")
+    for clean in ctx.cleanups:
+        clean()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(proc.stdout)
+    con = sqlite3.connect(str(ctx.gradebook))
+    yield {
+        "ctx": ctx, "data": data, "by": {r["student"]: r for r in data["submissions"]}, "out": ctx.out,
+        "subs": ctx.subs, "gradebook": ctx.gradebook, "listener": ctx.extra.get("listener"), "before": before,
+        "before_subs": before_subs, "protected": ctx.protected, "con": con,
+        "csv": (ctx.out / f"{KEY}_grades.csv").read_text().splitlines(), "stderr": proc.stderr,
+        "leftover": _procs_left(),
+    }
+    con.close()
