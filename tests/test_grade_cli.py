@@ -23,7 +23,7 @@ def test_regrading_is_idempotent_and_force_regrades(graded_chapter):
     assert {s["student"]: s["score"] for s in again["submissions"]} == {s: by[s]["score"] for s in by}
     forced = run_json("grade", "--assignment", KEY, str(base / "submitted" / "no_scale.ipynb"),
                       "--out", str(out), "--force")
-    assert [(s["student"], s["skipped"], s["score"]) for s in forced["submissions"]] == [("no_scale", False, 16.0)]
+    assert [(s["student"], s["skipped"], s["score"]) for s in forced["submissions"]] == [("no_scale", False, 11.0)]
     from nbgrader.api import Gradebook
 
     with Gradebook(summary["gradebook"]) as gb:
@@ -35,7 +35,7 @@ def test_a_run_writes_a_log_and_progress_goes_to_stderr(graded_chapter):
     base, out, summary, by = graded_chapter(KEY)
     proc = run_cli("grade", "--assignment", KEY, str(base / "submitted" / "ref.ipynb"), "--out", str(out), "--force")
     assert proc.returncode == 0, proc.stderr
-    assert "ref: 23 / 23" in proc.stderr and "ref: 23" not in proc.stdout
+    assert "ref: 26 / 26" in proc.stderr and "ref: 23" not in proc.stdout
     log = Path(summary["log"]).read_text()
     assert all(f"{s} (" in log for s in by) and "status graded" in log
 
@@ -62,7 +62,7 @@ def test_malformed_notebook_is_reported_not_fatal(tmp_path):
     assert proc.returncode == 0, proc.stderr  # a learner's broken file needs no instructor attention
     result = json.loads(proc.stdout)
     by = {s["student"]: s for s in result["submissions"]}
-    assert by["good"]["score"] == 23
+    assert by["good"]["score"] == 26
     assert by["truncated"]["status"] == "error" and "not valid notebook JSON" in by["truncated"]["error"]
     rows = list(csv.DictReader(open(result["csv"])))
     assert {r["student_id"]: r["status"] for r in rows} == {"good": "graded", "truncated": "error"}
@@ -105,7 +105,7 @@ def test_a_crashing_hidden_test_is_a_grader_error_not_a_lost_point(tmp_path):
     assert "fault in the grader" in page and "IndexError" not in page
     # Fixed, the rerun regrades it (a grader error is never kept as a finished grade).
     again = run_json("grade", "--assignment", KEY, str(tmp_path / "subs"), "--out", str(tmp_path / "out"))
-    assert again["submissions"][0]["skipped"] is False and again["submissions"][0]["score"] == 23
+    assert again["submissions"][0]["skipped"] is False and again["submissions"][0]["score"] == 26
 
 
 def test_learner_self_check(tmp_path):
@@ -115,11 +115,11 @@ def test_learner_self_check(tmp_path):
     proc = run_cli("check", str(path))
     assert proc.returncode == 0, proc.stderr
     assert "without a sandbox" in proc.stdout
-    assert "scaled_dot_product_attention  1 / 12" in proc.stdout
-    assert "total" in proc.stdout and "12 / 23" in proc.stdout
+    assert "scaled_dot_product_attention  0 / 15" in proc.stdout
+    assert "total" in proc.stdout and "11 / 26" in proc.stdout
     assert "hint: The softmax runs over the wrong axis" in proc.stdout
     data = run_json("check", str(write(reference_notebook(KEY), tmp_path / "ref.ipynb")))
-    assert data["score"] == data["max_score"] == 23 and data["sandboxed"] is False
+    assert data["score"] == data["max_score"] == 26 and data["sandboxed"] is False
 
 
 def test_errors_name_the_real_problem(tmp_path):

@@ -41,7 +41,7 @@ def killed_and_resumed(tmp_path_factory):
     for i in range(4):
         name = f"s{i}"
         write(reference_notebook(KEY) if i % 2 == 0 else learner_notebook(KEY), subs / f"{name}.ipynb")
-        expected[name] = 23.0 if i % 2 == 0 else 0.0
+        expected[name] = 26.0 if i % 2 == 0 else 0.0
     cmd = [sys.executable, "-m", "autograder", "grade", str(subs), "--assignment", KEY, "--out", str(out)]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, OMP_NUM_THREADS="1"))
@@ -101,7 +101,7 @@ def test_force_regrades(killed_and_resumed):
     nb = k["subs"] / "s0.ipynb"
     proc = run_cli("grade", str(nb), "--assignment", KEY, "--out", str(k["out"]), "--force")
     assert proc.returncode == 0, proc.stderr
-    assert "s0: 23 / 23" in proc.stderr and "already graded" not in proc.stderr
+    assert "s0: 26 / 26" in proc.stderr and "already graded" not in proc.stderr
     rows = _rows(k["out"] / "gradebook.db")
     assert len(rows) == 4 and all(r[1] == 1 for r in rows)
 
@@ -116,4 +116,4 @@ def test_changed_submission_is_regraded_and_lost_gradebook_rows_are_restored(kil
     data = json.loads(proc.stdout)
     # a gradebook without these rows is filled again, not skipped because results exist
     assert not any(r["skipped"] for r in data["submissions"])
-    assert {r[0]: r[2] for r in _rows(other_db)} == dict(k["expected"], s1=23.0)
+    assert {r[0]: r[2] for r in _rows(other_db)} == dict(k["expected"], s1=26.0)

@@ -269,8 +269,9 @@ def _leaves(value):
 
 DEVICE_ERRORS = ("on the same device", "is not on the expected device", "can't convert meta device type tensor")
 FIXED_DEVICE_HINT = ("`{}` would fail on a GPU: it mixes its inputs with a tensor created on the CPU "
-                     "(torch.zeros/ones/arange/tensor(...) without device=, or .numpy()/.cpu()). Create tensors "
-                     "on the inputs' device (device=x.device, torch.zeros_like, x.new_zeros) or use Python numbers.")
+                     "(torch.zeros, torch.ones, torch.arange or torch.tensor without device=, or .numpy()/.cpu()). "
+                     "Create tensors on the inputs' device (device=x.device, torch.zeros_like, x.new_zeros) or use "
+                     "Python numbers.")
 
 
 def expect_device_agnostic(learner, target, *args, **kwargs):

@@ -1,9 +1,9 @@
-"""Hidden tests for exercise 03_qkv: scaled dot-product attention and its masks.
+"""Hidden tests for exercise 03_qkv: softmax, attention in NumPy and PyTorch, and the masks.
 
-Each test compares the learner's function (through the `learner` proxy) with the
-reference on fresh random inputs, or checks a property that chapter 03 teaches. A failed
-check explains itself by the likely mistake, found by comparing the learner's result
-with the results of typical wrong variants.
+The checks compare the learner's functions with the reference on fresh random inputs; a
+property check (rows sum to one, masked weights are zero, no look-ahead) also requires
+the reference's result on the same inputs, so that a constant attention earns nothing.
+A wrong result is explained by the first typical mistake it matches (`_mistakes`).
 """
 
 from __future__ import annotations
@@ -14,22 +14,56 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from autograder.hidden.support import close, expect, points
+from autograder.hidden.support import (HALF, Hint, array, close, diagnose, expect, expect_device_agnostic,
+                                       expect_grads, learner_grads, pair, points, random_mask, reference_grads,
+                                       tensor)
+from autograder.runner import LearnerError, NotImplementedRemote
 
 SDPA = "scaled_dot_product_attention"
+META = torch.device("meta")
+
+# --- typical mistakes of attention: hints, and the weights each one gives ----------------
+
+GENERIC = ("`{}` differs from softmax(Q K^T / sqrt(d_k)) V: check the transpose of K, the scaling, "
+           "the softmax axis, and that the output is weights @ V.")
+NO_SCALE = "The scores are not divided by sqrt(d_k): the weights match softmax(Q K^T) without scaling."
+BY_D_K = "The scores are divided by d_k instead of sqrt(d_k)."
+UNIFORM = ("The weights do not depend on the queries and keys: every allowed key gets the same weight. "
+           "The scores must be Q K^T / sqrt(d_k).")
+INVERTED = ("The mask is inverted: True means the query MAY attend to that key, "
+            "False means its weight must be 0.")
+IGNORED = "The mask is ignored: keys where the mask is False must get weight exactly 0."
+WRONG_AXIS = ("The softmax runs over the wrong axis: for each query, the weights over the keys "
+              "(the last axis) must sum to 1.")
+OUTPUT_NOT_WV = "`{}`: the weights are right but the output is not weights @ V."
+HALF_FILL = ("In float16 `scaled_dot_product_attention` fails: a fixed fill value such as -1e9 does not fit "
+             "the dtype (float16 stops near -65504). Fill the masked scores with torch.finfo(scores.dtype).min.")
+CAUSAL_DEVICE = "`causal_mask(size, device=...)` must create the mask on `device`."
+
+
+def _mistakes(reference, q, k, v, mask):
+    """The weights typical mistakes give on these inputs, as (hint, thunk) pairs for `diagnose`
+    (computed in float64 on the CPU, from the reference)."""
+    q, k, v = (t.detach().cpu().double() for t in (q, k, v))
+    m = None if mask is None else mask.cpu()
+    sdpa = reference.scaled_dot_product_attention
+    d_k = q.shape[-1]
+
+    def wrong_axis():
+        scores = q @ k.transpose(-2, -1) / math.sqrt(d_k)
+        if m is not None:
+            scores = scores.masked_fill(~m, float("-inf"))
+        return torch.softmax(scores, dim=-2).nan_to_num(0.0)
+
+    table = [(NO_SCALE, lambda: sdpa(q * math.sqrt(d_k), k, v, m)[1]),
+             (BY_D_K, lambda: sdpa(q / math.sqrt(d_k), k, v, m)[1]),
+             (UNIFORM, lambda: sdpa(q * 0.0, k, v, m)[1])]
+    if m is not None:
+        table += [(INVERTED, lambda: sdpa(q, k, v, ~m)[1]), (IGNORED, lambda: sdpa(q, k, v)[1])]
+    return table + [(WRONG_AXIS, wrong_axis)]
 
 
 # --- helpers ---------------------------------------------------------------------------
-
-def _pair(result, name):
-    expect(isinstance(result, (tuple, list)) and len(result) == 2,
-           f"`{name}` must return a pair (output, weights).")
-    return result
-
-
-def _is_tensor(x):
-    return isinstance(x, torch.Tensor)
-
 
 def _qkv(rng, lead, lq, lk, dk, dv, dtype=torch.float32, scale=1.0):
     q = torch.randn(*lead, lq, dk, generator=rng, dtype=torch.float64) * scale
@@ -38,84 +72,59 @@ def _qkv(rng, lead, lq, lk, dk, dv, dtype=torch.float32, scale=1.0):
     return q.to(dtype), k.to(dtype), v.to(dtype)
 
 
-def _random_mask(rng, shape, p_keep=0.7):
-    """A boolean mask with at least one True in every row of the last axis."""
-    m = torch.rand(*shape, generator=rng) < p_keep
-    first = torch.zeros(shape, dtype=torch.bool)
-    first[..., 0] = True
-    return m | (first & ~m.any(-1, keepdim=True))
+def _float_array(x, name, shape, what="its result"):
+    """`x` as a floating-point NumPy array of `shape`, or a hint (`array` plus the dtype kind)."""
+    array(x, name, shape=shape, what=what)
+    expect(x.dtype.kind == "f", f"`{name}` must return {what} as floating-point numbers, not {x.dtype}.")
+    return x
 
 
-def _softmax_wrong_axis(scores):
-    return torch.softmax(scores, dim=-2)
+def _call(learner, name, q, k, v, mask=None, *, device="cpu", numpy=False):
+    """The learner's (output, weights) for these inputs: tensors on `device`, or NumPy arrays."""
+    args = [t.numpy() if numpy else t.to(device) for t in (q, k, v)]
+    kwargs = {} if mask is None else {"mask": mask.numpy() if numpy else mask.to(device)}
+    return pair(getattr(learner, name)(*args, **kwargs), name)
 
 
-def _variants(reference, q, k, v, mask):
-    """Weights that typical mistakes produce, as (hint, weights) pairs, in float64."""
-    q, k, v = (t.detach().cpu().double() for t in (q, k, v))
-    m = None if mask is None else mask.cpu()
-    d_k = q.shape[-1]
-    out = [
-        ("The scores are not divided by sqrt(d_k): the weights match softmax(Q K^T) without scaling.",
-         reference.scaled_dot_product_attention(q * math.sqrt(d_k), k, v, m)[1]),
-        ("The scores are divided by d_k instead of sqrt(d_k).",
-         reference.scaled_dot_product_attention(q / math.sqrt(d_k), k, v, m)[1]),
-    ]
-    scores = q @ k.transpose(-2, -1) / math.sqrt(d_k)
-    if m is None:
-        out.append(("The softmax runs over the wrong axis: for each query, the weights over the keys "
-                    "(the last axis) must sum to 1.", _softmax_wrong_axis(scores)))
-    else:
-        out.append(("The mask is inverted: True means the query MAY attend to that key, "
-                    "False means its weight must be 0.",
-                    reference.scaled_dot_product_attention(q, k, v, ~m)[1]))
-        out.append(("The mask is ignored: keys where the mask is False must get weight exactly 0.",
-                    reference.scaled_dot_product_attention(q, k, v)[1]))
-        out.append(("The softmax runs over the wrong axis: for each query, the weights over the keys "
-                    "(the last axis) must sum to 1.",
-                    _softmax_wrong_axis(scores.masked_fill(~m, float("-inf"))).nan_to_num(0.0)))
-    return out
-
-
-def _diagnose(reference, name, weights, q, k, v, mask=None, generic=None):
-    """The hint for a learner whose weights differ from the reference's."""
-    if weights is not None and (_is_tensor(weights) or isinstance(weights, np.ndarray)):
-        w = torch.as_tensor(weights).detach().cpu().double()
-        for hint, wrong in _variants(reference, torch.as_tensor(q), torch.as_tensor(k),
-                                     torch.as_tensor(v), None if mask is None else torch.as_tensor(mask)):
-            if tuple(w.shape) == tuple(wrong.shape) and torch.allclose(w, wrong, rtol=1e-3, atol=1e-5):
-                return hint
-        if tuple(w.shape) != tuple(q.shape[:-1]) + (k.shape[-2],):
-            return (f"`{name}` returns weights of the wrong shape: they should be (..., Lq, Lk), "
-                    "one row per query and one column per key.")
-    return generic or (f"`{name}` differs from softmax(Q K^T / sqrt(d_k)) V: check the transpose of K, "
-                       "the scaling, the softmax axis, and that the output is weights @ V.")
-
-
-def _check_attention(learner, reference, name, q, k, v, mask=None, device="cpu", numpy=False):
-    """Call the learner's attention and fail with a diagnosis unless it matches the reference."""
+def _expected(reference, q, k, v, mask=None, *, numpy=False, upcast=False):
+    """The reference's (output, weights) on the CPU, in q's dtype (computed in float64 if `upcast`)."""
     if numpy:
-        args = [t.numpy() for t in (q, k, v)]
-        margs = {} if mask is None else {"mask": mask.numpy()}
-        out, w = _pair(getattr(learner, name)(*args, **margs), name)
-        expect(isinstance(out, np.ndarray) and isinstance(w, np.ndarray),
-               f"`{name}` must return NumPy arrays, not {type(out).__name__}.")
-        ref_out, ref_w = reference.attention_numpy(*args, **margs)
-    else:
-        qd, kd, vd = (t.to(device) for t in (q, k, v))
-        margs = {} if mask is None else {"mask": mask.to(device)}
-        out, w = _pair(getattr(learner, name)(qd, kd, vd, **margs), name)
-        expect(_is_tensor(out) and _is_tensor(w), f"`{name}` must return torch tensors.")
-        expect(out.device.type == qd.device.type and w.device.type == qd.device.type,
-               f"`{name}` returns its result on another device than its inputs: create no tensor "
-               "on a fixed device.")
-        expect(out.dtype == q.dtype, f"`{name}` changes the dtype: {q.dtype} in, {out.dtype} out.")
-        ref_out, ref_w = reference.scaled_dot_product_attention(qd, kd, vd, **margs)
-    if not (close(w, ref_w, device) and close(out, ref_out, device)):
-        if close(w, ref_w, device):
-            expect(False, f"`{name}`: the weights are right but the output is not weights @ V.")
-        expect(False, _diagnose(reference, name, w, q, k, v, mask))
-    return out, w
+        return reference.attention_numpy(q.numpy(), k.numpy(), v.numpy(),
+                                         **({} if mask is None else {"mask": mask.numpy()}))
+    args = [t.double() if upcast else t for t in (q, k, v)]
+    return tuple(t.to(q.dtype) for t in reference.scaled_dot_product_attention(*args, mask=mask))
+
+
+def _validated(name, got, expected, dtype, device="cpu", numpy=False):
+    """The learner's (output, weights) with the reference's shapes, as arrays or as tensors of
+    `dtype` on `device`; otherwise a hint."""
+    for x, e, what in zip(got, expected, ("the output", "the weights")):
+        if numpy:
+            _float_array(x, name, e.shape, what)
+        else:
+            tensor(x, name, shape=e.shape, dtype=dtype, device=device, what=what)
+    return got
+
+
+def _judge(name, got, expected, mistakes, device="cpu", rtol=None, atol=None):
+    """Fail with the matching mistake's hint unless the validated (output, weights) are close to the
+    reference's (half precision results are matched against the mistakes at their own tolerances)."""
+    (out, w), (ref_out, ref_w) = got, expected
+    if not close(w, ref_w, device, rtol=rtol, atol=atol):
+        half = isinstance(w, torch.Tensor) and w.dtype in HALF
+        raise Hint(diagnose(w, mistakes, GENERIC.format(name),
+                            same=(lambda a, b: close(a, b.to(a.dtype))) if half else None))
+    expect(close(out, ref_out, device, rtol=rtol, atol=atol), OUTPUT_NOT_WV.format(name))
+
+
+def _attention(learner, reference, name, q, k, v, mask=None, *, device="cpu", numpy=False):
+    """The learner's validated (output, weights); fails with the likely mistake unless they match the
+    reference's on the same inputs."""
+    expected = _expected(reference, q, k, v, mask, numpy=numpy)
+    got = _validated(name, _call(learner, name, q, k, v, mask, device=device, numpy=numpy), expected,
+                     q.dtype, device, numpy)
+    _judge(name, got, expected, _mistakes(reference, q, k, v, mask), device)
+    return got
 
 
 # --- Part 1: softmax (3 points) ----------------------------------------------------------
@@ -126,16 +135,13 @@ def test_softmax_matches_reference(learner, reference, rng):
     for shape in [(7,), (3, 5), (2, 3, 4)]:
         for dtype in (np.float64, np.float32):
             x = (torch.randn(*shape, generator=rng, dtype=torch.float64) * 3).numpy().astype(dtype)
-            p = learner.softmax(x)
-            expect(isinstance(p, np.ndarray), "`softmax` must return a NumPy array.")
-            expect(p.shape == x.shape, "`softmax` must return an array of the same shape as its input.")
+            p = _float_array(learner.softmax(x), "softmax", x.shape)
             if not close(p, reference.softmax(x)):
-                if len(shape) > 1 and close(p, reference.softmax(x, axis=0)):
-                    expect(False, "`softmax` normalises over the wrong axis: use the `axis` argument "
-                                  "(default -1, the last axis).")
+                expect(len(shape) == 1 or not close(p, reference.softmax(x, axis=0)),
+                       "`softmax` normalises over the wrong axis: use the `axis` argument (default -1, the last axis).")
                 expect(np.all(p >= 0) and np.allclose(np.sum(p, axis=-1), 1, atol=1e-4),
                        "`softmax` does not normalise: every slice along `axis` must be positive and sum to 1.")
-                expect(False, "`softmax` differs from exp(x) / sum(exp(x)) along the axis.")
+                raise Hint("`softmax` differs from exp(x) / sum(exp(x)) along the axis.")
 
 
 @points(1, part="softmax")
@@ -143,7 +149,7 @@ def test_softmax_axis(learner, reference, rng):
     """Does softmax honour the `axis` argument?"""
     x = torch.randn(3, 4, 5, generator=rng, dtype=torch.float64).numpy()
     for axis in (0, 1, -2):
-        p = learner.softmax(x, axis=axis)
+        p = _float_array(learner.softmax(x, axis=axis), "softmax", x.shape)
         expect(close(p, reference.softmax(x, axis=axis)),
                "`softmax(x, axis=...)` ignores or misuses `axis`: reduce (max and sum) along that "
                "axis with keepdims=True.")
@@ -155,10 +161,9 @@ def test_softmax_is_stable(learner, reference, rng):
     for dtype in (np.float64, np.float32):
         x = (torch.randn(4, 6, generator=rng, dtype=torch.float64) * 5 + 1000).numpy().astype(dtype)
         x[1] -= 3000
-        p = learner.softmax(x)
-        expect(isinstance(p, np.ndarray) and np.all(np.isfinite(p)),
-               "`softmax` overflows on large scores (inf or NaN): subtract the maximum along the "
-               "axis before calling exp.")
+        p = _float_array(learner.softmax(x), "softmax", x.shape)
+        expect(np.all(np.isfinite(p)), "`softmax` overflows on large scores (inf or NaN): subtract the maximum "
+                                       "along the axis before calling exp.")
         expect(close(p, reference.softmax(x)), "`softmax` loses accuracy on large scores: subtract "
                                                "the maximum along the axis (keepdims=True) before exp.")
 
@@ -170,7 +175,7 @@ def test_attention_numpy_matches_reference(learner, reference, rng):
     """Does attention_numpy agree with the reference for any batch layout, Lq != Lk, d_v != d_k?"""
     for lead, lq, lk, dk, dv in [((), 3, 3, 4, 4), ((2,), 3, 5, 4, 6), ((2, 3), 4, 7, 8, 5)]:
         q, k, v = _qkv(rng, lead, lq, lk, dk, dv, torch.float64)
-        _check_attention(learner, reference, "attention_numpy", q, k, v, numpy=True)
+        _attention(learner, reference, "attention_numpy", q, k, v, numpy=True)
 
 
 @points(1, part="attention_numpy")
@@ -178,31 +183,31 @@ def test_attention_numpy_mask(learner, reference, rng):
     """With a mask, are the masked weights exactly 0 and the rest right?"""
     q, k, v = _qkv(rng, (2, 3), 4, 6, 8, 5, torch.float64)
     for shape in [(6,), (2, 1, 1, 6), (4, 6)]:
-        mask = _random_mask(rng, shape)
-        _, w = _check_attention(learner, reference, "attention_numpy", q, k, v, mask=mask, numpy=True)
+        mask = random_mask(rng, shape)
+        _, w = _attention(learner, reference, "attention_numpy", q, k, v, mask, numpy=True)
         expect(np.all(w[~np.broadcast_to(mask.numpy(), w.shape)] == 0),
                "`attention_numpy`: weights where the mask is False must be exactly 0.")
 
 
 @points(1, part="attention_numpy")
-def test_attention_numpy_rows_sum_to_one(learner, rng):
-    """Do the weights of every query sum to 1 over the keys?"""
+def test_attention_numpy_rows_sum_to_one(learner, reference, rng):
+    """Do the weights of every query sum to 1 over the keys (and are they the right ones)?"""
     q, k, v = _qkv(rng, (3,), 5, 4, 6, 2, torch.float64)
-    _, w = _pair(learner.attention_numpy(q.numpy(), k.numpy(), v.numpy()), "attention_numpy")
-    expect(isinstance(w, np.ndarray) and w.shape == (3, 5, 4), "`attention_numpy` returns weights of the "
-                                                                "wrong shape: expected (..., Lq, Lk).")
-    expect(np.allclose(w.sum(-1), 1.0) and np.all(w >= 0),
+    expected = _expected(reference, q, k, v, numpy=True)
+    got = _validated("attention_numpy", _call(learner, "attention_numpy", q, k, v, numpy=True), expected,
+                     q.dtype, numpy=True)
+    expect(np.allclose(got[1].sum(-1), 1.0) and np.all(got[1] >= 0),
            "`attention_numpy`: each query's weights over the keys (last axis) must be positive and sum to 1.")
+    _judge("attention_numpy", got, expected, _mistakes(reference, q, k, v, None))
 
 
-# --- Part 3: attention in PyTorch (12 points) --------------------------------------------
+# --- Part 3: attention in PyTorch (15 points) --------------------------------------------
 
 @points(1, part=SDPA)
 def test_sdpa_matches_reference_3d(learner, reference, rng):
     """Does scaled_dot_product_attention agree with the reference on (B, L, d) inputs?"""
     for lq, lk, dk, dv in [(4, 4, 8, 8), (3, 6, 4, 5)]:
-        q, k, v = _qkv(rng, (2,), lq, lk, dk, dv)
-        _check_attention(learner, reference, SDPA, q, k, v)
+        _attention(learner, reference, SDPA, *_qkv(rng, (2,), lq, lk, dk, dv))
 
 
 @points(2, part=SDPA)
@@ -210,34 +215,50 @@ def test_sdpa_heads_and_dtypes(learner, reference, rng, devices):
     """Does it handle (B, H, Lq, d_k) heads, Lq != Lk, d_v != d_k, float32 and float64, on every device?"""
     for device in devices:
         for dtype in (torch.float32, torch.float64):
-            q, k, v = _qkv(rng, (2, 3), 5, 7, 8, 6, dtype)
-            _check_attention(learner, reference, SDPA, q, k, v, device=device)
+            _attention(learner, reference, SDPA, *_qkv(rng, (2, 3), 5, 7, 8, 6, dtype), device=device)
 
 
 @points(1, part=SDPA)
-def test_sdpa_matches_pytorch(learner, rng, devices):
+def test_sdpa_half_precision(learner, reference, rng):
+    """Does it work in float16 and bfloat16 too, with and without a mask?"""
+    for dtype in HALF:
+        q, k, v = _qkv(rng, (2, 2), 5, 7, 8, 6, dtype)
+        for mask in (None, random_mask(rng, (2, 1, 5, 7), fully_masked=1)):
+            expected = _expected(reference, q, k, v, mask, upcast=True)
+            try:
+                got = _call(learner, SDPA, q, k, v, mask)
+            except LearnerError as exc:
+                expect("without overflow" not in exc.message, HALF_FILL)
+                raise
+            _judge(SDPA, _validated(SDPA, got, expected, dtype), expected, _mistakes(reference, q, k, v, mask))
+
+
+@points(1, part=SDPA)
+def test_sdpa_matches_pytorch(learner, reference, rng, devices):
     """Does it agree with torch.nn.functional.scaled_dot_product_attention, with and without a mask?"""
     for device in devices:
         q, k, v = (t.to(device) for t in _qkv(rng, (2, 2), 4, 6, 8, 3))
-        mask = _random_mask(rng, (2, 1, 4, 6)).to(device)
+        mask = random_mask(rng, (2, 1, 4, 6)).to(device)
         for m in (None, mask):
-            out, _ = _pair(learner.scaled_dot_product_attention(q, k, v, **({} if m is None else {"mask": m})), SDPA)
-            expected = F.scaled_dot_product_attention(q, k, v, attn_mask=m)
-            expect(close(out, expected, device),
-                   "The output differs from PyTorch's F.scaled_dot_product_attention"
-                   + (" when a mask is given: True must mean 'may attend'." if m is not None else "."))
+            out, w = pair(learner.scaled_dot_product_attention(q, k, v, **({} if m is None else {"mask": m})), SDPA)
+            tensor(out, SDPA, shape=(2, 2, 4, 3), dtype=q.dtype, device=device, what="the output")
+            tensor(w, SDPA, shape=(2, 2, 4, 6), dtype=q.dtype, device=device, what="the weights")
+            if not close(out, F.scaled_dot_product_attention(q, k, v, attn_mask=m), device):
+                generic = "The output differs from PyTorch's F.scaled_dot_product_attention" + (
+                    "." if m is None else " when a mask is given: True must mean 'may attend'.")
+                raise Hint(diagnose(w, _mistakes(reference, q, k, v, m), generic))
 
 
 @points(1, part=SDPA)
-def test_sdpa_rows_sum_to_one(learner, rng):
-    """Without a mask, are the weights positive, and does every query's row sum to 1?"""
+def test_sdpa_rows_sum_to_one(learner, reference, rng):
+    """Without a mask, are the weights positive, does every query's row sum to 1, and are they right?"""
     q, k, v = _qkv(rng, (2, 2), 5, 3, 4, 4)
-    _, w = _pair(learner.scaled_dot_product_attention(q, k, v), SDPA)
-    expect(_is_tensor(w) and tuple(w.shape) == (2, 2, 5, 3),
-           "The weights have the wrong shape: expected (..., Lq, Lk).")
-    expect(bool((w >= 0).all()) and torch.allclose(w.sum(-1), torch.ones(()), atol=1e-5),
+    expected = _expected(reference, q, k, v)
+    out, w = _validated(SDPA, _call(learner, SDPA, q, k, v), expected, q.dtype)
+    expect(bool((w >= 0).all()) and close(w.sum(-1), torch.ones(2, 2, 5)),
            "Each query's weights over the keys (the last axis) must be positive and sum to 1: "
            "is the softmax over dim=-1?")
+    _judge(SDPA, (out, w), expected, _mistakes(reference, q, k, v, None))
 
 
 @points(1, part=SDPA)
@@ -248,102 +269,151 @@ def test_sdpa_masked_weights_are_zero(learner, reference, rng, devices):
         pad = reference.padding_mask(torch.tensor([[4, 2, 7, 0, 0], [5, 1, 3, 8, 0]]))  # (B, 1, 1, T)
         causal = reference.causal_mask(5)
         for mask in (pad, causal, pad & causal):
-            _, w = _check_attention(learner, reference, SDPA, q, k, v, mask=mask, device=device)
+            _, w = _attention(learner, reference, SDPA, q, k, v, mask, device=device)
             expect(bool((w.cpu()[~mask.expand_as(w)] == 0).all()),
                    "Weights where the mask is False must be exactly 0 (fill the scores with -inf or the "
                    "dtype's minimum before the softmax).")
 
 
 @points(2, part=SDPA)
-def test_sdpa_fully_masked_row(learner, rng):
+def test_sdpa_fully_masked_row(learner, reference, rng):
     """Does a query with no allowed key get zero weights and a zero output, not NaN?"""
     for dtype in (torch.float32, torch.float64):
         q, k, v = _qkv(rng, (2,), 4, 5, 8, 3, dtype)
-        mask = _random_mask(rng, (2, 4, 5))
-        mask[0, 1] = False
-        mask[1, 3] = False
-        out, w = _pair(learner.scaled_dot_product_attention(q, k, v, mask=mask), SDPA)
-        expect(_is_tensor(out) and not torch.isnan(out).any() and not torch.isnan(w).any(),
+        mask = random_mask(rng, (2, 4, 5), fully_masked=2)
+        dead = ~mask.any(-1)
+        expected = _expected(reference, q, k, v, mask)
+        out, w = _validated(SDPA, _call(learner, SDPA, q, k, v, mask), expected, dtype)
+        expect(not torch.isnan(out).any() and not torch.isnan(w).any(),
                "A query row whose keys are all masked gives NaN: softmax of a row of -inf is 0/0. "
                "Make such rows' weights (and so their output) exactly 0.")
-        expect(bool((w[0, 1] == 0).all() and (w[1, 3] == 0).all()),
+        expect(bool((w[dead] == 0).all()),
                "A query row whose keys are all masked must get weights of exactly 0, not a uniform row.")
-        expect(bool((out[0, 1] == 0).all() and (out[1, 3] == 0).all()),
-               "A query row whose keys are all masked must give an output of exactly 0.")
-        expect(torch.allclose(w[0, 0].sum(), torch.ones((), dtype=dtype)),
-               "Rows that still have allowed keys must keep summing to 1.")
+        expect(bool((out[dead] == 0).all()), "A query row whose keys are all masked must give an output of exactly 0.")
+        _judge(SDPA, (out, w), expected, _mistakes(reference, q, k, v, mask))
+
+
+def _expect_sdpa_grads(learner, reference, q, k, v, mask, g_out, hint):
+    """The learner's gradients with respect to q, k and v (for the output's cotangent `g_out`) must be
+    finite where the reference's are, and close to them; otherwise `hint`."""
+    res = learner_grads(learner, SDPA, q, k, v, mask=mask, cotangents=(g_out, None), what=SDPA)
+    expect(len(res.arg_grads) == 3, f"`{SDPA}`'s gradients could not be read back.")
+    expected = reference_grads(reference.scaled_dot_product_attention, [q, k, v], (g_out, None), mask=mask)
+    expect_grads(res.arg_grads[:3], expected, ("q", "k", "v"), hint=hint)
+
+
+@points(1, part=SDPA)
+def test_sdpa_fully_masked_row_gradients(learner, reference, rng):
+    """Does a query with no allowed key get zero gradients, never NaN, with respect to q, k and v?"""
+    q, k, v = _qkv(rng, (2, 2), 4, 5, 8, 3, torch.float64)
+    mask = random_mask(rng, (2, 2, 4, 5), fully_masked=3)
+    _attention(learner, reference, SDPA, q, k, v, mask)
+    _expect_sdpa_grads(learner, reference, q, k, v, mask, torch.randn(2, 2, 4, 3, generator=rng, dtype=q.dtype),
+                       "A query row whose keys are all masked must get zero gradients: make its weights a "
+                       "constant 0 (masked_fill, torch.where), not a softmax result repaired afterwards.")
+
+
+def _large_scores(rng, dtype):
+    """Inputs whose scores spread over +-1e4 (near one-hot weights), then inputs whose scores are all
+    about 1000 and differ by a few units (exp overflows, and the weights are far from one-hot)."""
+    yield _qkv(rng, (2,), 4, 6, 16, 4, dtype, scale=1e4)
+    q, k, v = _qkv(rng, (2,), 4, 6, 16, 4, torch.float64)
+    q[..., 0] = k[..., 0] = math.sqrt(4000.0)
+    yield q.to(dtype), k.to(dtype), v.to(dtype)
 
 
 @points(1, part=SDPA)
 def test_sdpa_large_scores_stay_finite(learner, reference, rng):
-    """Do scores around +-1e4 still give finite, correct results?"""
+    """Do very large scores (1e3 to 1e4) still give finite, correct results?"""
     for dtype in (torch.float32, torch.float64):
-        q, k, v = _qkv(rng, (2,), 4, 6, 16, 4, dtype, scale=1e4)
-        out, w = _pair(learner.scaled_dot_product_attention(q, k, v, mask=reference.causal_mask(6)[:4]), SDPA)
-        expect(_is_tensor(out) and bool(torch.isfinite(out).all() and torch.isfinite(w).all()),
-               "Very large scores give inf or NaN: use torch.softmax (which is stable) or subtract the "
-               "row maximum, and fill masked scores with -inf or the dtype's minimum, not with a product.")
-        ref_out, _ = reference.scaled_dot_product_attention(q, k, v, mask=reference.causal_mask(6)[:4])
-        expect(close(out, ref_out, atol=1e-3, rtol=1e-3), "Very large scores give wrong results.")
+        for q, k, v in _large_scores(rng, dtype):
+            mask = reference.causal_mask(6)[:4]
+            expected = _expected(reference, q, k, v, mask)
+            out, w = _validated(SDPA, _call(learner, SDPA, q, k, v, mask), expected, dtype)
+            expect(bool(torch.isfinite(out).all() and torch.isfinite(w).all()),
+                   "Very large scores give inf or NaN: use torch.softmax (which is stable) or subtract the "
+                   "row maximum, and fill masked scores with -inf or the dtype's minimum, not with a product.")
+            _judge(SDPA, (out, w), expected, _mistakes(reference, q, k, v, mask), rtol=1e-3, atol=1e-3)
 
 
 @points(1, part=SDPA)
 def test_sdpa_causal_does_not_look_ahead(learner, reference, rng):
-    """Under a causal mask, does the output at position t ignore every input after t?"""
+    """Under a causal mask, does the output at position t ignore every input after t (and is it right)?"""
     T = 6
     q, k, v = _qkv(rng, (2,), T, T, 4, 4)
     mask = reference.causal_mask(T)
-    base, _ = _pair(learner.scaled_dot_product_attention(q, k, v, mask=mask), SDPA)
+    expected = _expected(reference, q, k, v, mask)
+    base, w = _validated(SDPA, _call(learner, SDPA, q, k, v, mask), expected, q.dtype)
     for t in range(T - 1):
         k2, v2 = k.clone(), v.clone()
         k2[:, t + 1:] += torch.randn(k2[:, t + 1:].shape, generator=rng)
         v2[:, t + 1:] += torch.randn(v2[:, t + 1:].shape, generator=rng)
-        out, _ = _pair(learner.scaled_dot_product_attention(q, k2, v2, mask=mask), SDPA)
-        expect(torch.allclose(out[:, : t + 1], base[:, : t + 1], atol=1e-6),
+        out, _ = _validated(SDPA, _call(learner, SDPA, q, k2, v2, mask), expected, q.dtype)
+        expect(close(out[:, : t + 1], base[:, : t + 1], atol=1e-6),
                "Under a causal mask, changing later keys or values changes earlier outputs: "
                "the future leaks (is the mask applied, and True on and below the diagonal?).")
+    _judge(SDPA, (base, w), expected, _mistakes(reference, q, k, v, mask))
 
 
 @points(1, part=SDPA)
 def test_sdpa_gradients_match(learner, reference, rng):
     """Do the gradients with respect to q, k and v match the reference?"""
     q, k, v = _qkv(rng, (2, 2), 3, 5, 4, 6, torch.float64)
-    mask = _random_mask(rng, (2, 1, 3, 5))
-    g_out = torch.randn(2, 2, 3, 6, generator=rng, dtype=torch.float64)
-    res = learner.with_grad(SDPA, q, k, v, mask=mask, cotangents=(g_out, None))
-    qr, kr, vr = (t.clone().requires_grad_(True) for t in (q, k, v))
-    out, _ = reference.scaled_dot_product_attention(qr, kr, vr, mask=mask)
-    expected = torch.autograd.grad(out, (qr, kr, vr), g_out)
-    got = res.arg_grads[:3]
-    expect(all(g is not None for g in got), "No gradient reaches q, k or v: is something detached, "
-                                            "or computed outside PyTorch (NumPy, .item())?")
-    for name, g, e in zip("qkv", got, expected):
-        expect(close(g, e), f"The gradient with respect to {name} differs from the reference's; "
-                            "the forward pass is probably wrong too.")
+    mask = random_mask(rng, (2, 1, 3, 5))
+    _attention(learner, reference, SDPA, q, k, v, mask)
+    _expect_sdpa_grads(learner, reference, q, k, v, mask, torch.randn(2, 2, 3, 6, generator=rng, dtype=q.dtype),
+                       "The gradients with respect to q, k or v differ from the reference's: is part of the "
+                       "computation detached, or done outside PyTorch?")
 
 
 @points(1, part=SDPA)
 def test_sdpa_dropout(learner, reference, rng):
     """Is dropout applied to the weights only when dropout_p > 0, and scaled by 1/(1-p)?"""
     q, k, v = _qkv(rng, (2,), 32, 48, 8, 4, torch.float64)
-    a, _ = _pair(learner.scaled_dot_product_attention(q, k, v, dropout_p=0.0), SDPA)
-    b, _ = _pair(learner.scaled_dot_product_attention(q, k, v, dropout_p=0.0), SDPA)
+    ref_out, ref_w = _expected(reference, q, k, v)
+
+    def run(p):
+        got = pair(learner.scaled_dot_product_attention(q, k, v, dropout_p=p), SDPA)
+        return _validated(SDPA, got, (ref_out, ref_w), q.dtype)
+
+    (a, wa), (b, _) = run(0.0), run(0.0)
+    _judge(SDPA, (a, wa), (ref_out, ref_w), _mistakes(reference, q, k, v, None))
     expect(torch.equal(a, b), "With dropout_p=0 the result must be deterministic: apply dropout only "
                               "when dropout_p > 0.")
     p = 0.5
-    out, w = _pair(learner.scaled_dot_product_attention(q, k, v, dropout_p=p), SDPA)
-    _, ref_w = reference.scaled_dot_product_attention(q, k, v)
+    out, w = run(p)
     dropped = w == 0
-    frac = dropped.double().mean().item()
-    expect(0.35 < frac < 0.65, "With dropout_p=0.5 about half the weights should be zeroed: is dropout "
-                               "applied to the weights (F.dropout(weights, p=dropout_p))?")
-    expect(torch.allclose(w[~dropped], ref_w[~dropped] / (1 - p)),
+    expect(0.35 < dropped.double().mean().item() < 0.65,
+           "With dropout_p=0.5 about half the weights should be zeroed: is dropout "
+           "applied to the weights (F.dropout(weights, p=dropout_p))?")
+    expect(close(w[~dropped], ref_w[~dropped] / (1 - p)),
            "The weights that survive dropout must be the softmax weights scaled by 1/(1-p) "
            "(F.dropout does this); return the weights after dropout.")
-    expect(torch.allclose(out, w @ v), "With dropout, the output must be the dropped-out weights @ V.")
+    expect(close(out, w @ v), "With dropout, the output must be the dropped-out weights @ V.")
+
+
+@points(1, part=SDPA)
+def test_sdpa_runs_on_any_device(learner, reference, rng):
+    """Does it create no tensor on a fixed device, so that it runs on a GPU too, with and without a mask?"""
+    q, k, v = _qkv(rng, (2, 2), 4, 6, 8, 3)
+    mask = random_mask(rng, (2, 1, 4, 6), fully_masked=1)
+    for m in (None, mask):
+        _attention(learner, reference, SDPA, q, k, v, m)
+        expect_device_agnostic(learner, SDPA, q, k, v, **({} if m is None else {"mask": m}))
 
 
 # --- Part 4: masks (4 points) ----------------------------------------------------------
+
+PAD_SHAPE = "(B, 1, 1, T), so that it broadcasts over heads and query positions"
+
+
+def _mask(m, name, shape, shape_hint, device="cpu"):
+    """`m` as a boolean tensor of `shape` on `device`, or a hint."""
+    tensor(m, name, device=device, what="its mask")
+    expect(m.dtype == torch.bool, f"`{name}` must return a boolean tensor.")
+    expect(tuple(m.shape) == tuple(shape), f"`{name}` must have shape {shape_hint}.")
+    return m
+
 
 @points(1, part="padding_mask")
 def test_padding_mask_marks_real_tokens(learner, reference, rng):
@@ -351,36 +421,31 @@ def test_padding_mask_marks_real_tokens(learner, reference, rng):
     tokens = torch.randint(1, 9, (3, 7), generator=rng)
     tokens[0, 5:] = 0
     tokens[2, 2:] = 0
-    m = learner.padding_mask(tokens)
-    expect(_is_tensor(m) and m.dtype == torch.bool, "`padding_mask` must return a boolean tensor.")
-    expect(tuple(m.shape) == (3, 1, 1, 7), "`padding_mask` must have shape (B, 1, 1, T), so that it "
-                                           "broadcasts over heads and query positions.")
-    if not torch.equal(m, reference.padding_mask(tokens)):
-        expect(not torch.equal(m, ~reference.padding_mask(tokens)),
+    m = _mask(learner.padding_mask(tokens), "padding_mask", (3, 1, 1, 7), PAD_SHAPE)
+    ref = reference.padding_mask(tokens)
+    if not torch.equal(m, ref):
+        expect(not torch.equal(m, ~ref),
                "`padding_mask` is inverted: True must mark real tokens (may attend), False padding.")
-        expect(False, "`padding_mask` marks the wrong positions: compare tokens with pad_id.")
+        raise Hint("`padding_mask` marks the wrong positions: compare tokens with pad_id.")
 
 
 @points(1, part="padding_mask")
 def test_padding_mask_pad_id_and_device(learner, reference, rng, devices):
-    """Does padding_mask honour pad_id and keep the tokens' device?"""
+    """Does padding_mask honour pad_id, keep the tokens' device, and create nothing on a fixed device?"""
+    tokens = torch.randint(0, 9, (2, 6), generator=rng)
+    tokens[:, 4:] = 3
     for device in devices:
-        tokens = torch.randint(0, 9, (2, 6), generator=rng)
-        tokens[:, 4:] = 3
-        m = learner.padding_mask(tokens.to(device), pad_id=3)
-        expect(_is_tensor(m) and m.device.type == torch.device(device).type,
-               "`padding_mask` must return its mask on the tokens' device.")
+        m = _mask(learner.padding_mask(tokens.to(device), pad_id=3), "padding_mask", (2, 1, 1, 6), PAD_SHAPE, device)
         expect(torch.equal(m.cpu(), reference.padding_mask(tokens, pad_id=3)),
                "`padding_mask(tokens, pad_id)` ignores `pad_id`: compare with it, not with 0.")
+    expect_device_agnostic(learner, "padding_mask", tokens, pad_id=3)
 
 
 @points(1, part="causal_mask")
 def test_causal_mask_values(learner, reference):
     """Is the causal mask boolean (T, T), True on and below the diagonal?"""
     for size in (1, 4, 7):
-        m = learner.causal_mask(size)
-        expect(_is_tensor(m) and m.dtype == torch.bool, "`causal_mask` must return a boolean tensor.")
-        expect(tuple(m.shape) == (size, size), "`causal_mask(size)` must have shape (size, size).")
+        m = _mask(learner.causal_mask(size), "causal_mask", (size, size), "(size, size)")
         ref = reference.causal_mask(size)
         if not torch.equal(m, ref):
             expect(not torch.equal(m, ~ref), "`causal_mask` is inverted: True must mean 'may attend', "
@@ -389,16 +454,25 @@ def test_causal_mask_values(learner, reference):
                                                    "below the diagonal, use tril, not triu.")
             expect(not torch.equal(m, ref.tril(-1)), "`causal_mask` forbids the diagonal: a position must "
                                                      "be allowed to attend to itself.")
-            expect(False, "`causal_mask` marks the wrong positions.")
+            raise Hint("`causal_mask` marks the wrong positions.")
 
 
 @points(1, part="causal_mask")
 def test_causal_mask_device(learner, reference, devices):
-    """Does causal_mask build its mask on the requested device?"""
-    for device in devices + [None]:
-        kwargs = {} if device is None else {"device": torch.device(device)}
-        m = learner.causal_mask(5, **kwargs)
-        want = torch.device(device or "cpu").type
-        expect(_is_tensor(m) and m.device.type == want,
-               "`causal_mask(size, device=...)` must create the mask on `device`.")
+    """Does causal_mask build its mask on the requested device, creating nothing on a fixed one?"""
+    for device in devices:
+        m = tensor(learner.causal_mask(5, device=torch.device(device)), "causal_mask", what="its mask")
+        expect(m.device.type == device, CAUSAL_DEVICE)
+        m = _mask(m, "causal_mask", (5, 5), "(size, size)", device)
         expect(torch.equal(m.cpu(), reference.causal_mask(5)), "`causal_mask` marks the wrong positions.")
+    # The meta device stands for a GPU: the mask must be made there, with nothing from the CPU mixed in.
+    try:
+        m = learner.causal_mask(5, device=META)
+    except NotImplementedRemote:  # it ran above: here it copied data out of the mask (.cpu(), .tolist())
+        raise Hint(CAUSAL_DEVICE + " Keep it there: no .cpu(), .tolist() or .numpy().") from None
+    except LearnerError:
+        m = None  # judged just below, where an error a GPU would share gets its hint
+    if m is not None:
+        m = tensor(m, "causal_mask", what="its mask")
+        expect(m.device.type == "meta", CAUSAL_DEVICE)
+    expect_device_agnostic(learner, "causal_mask", 5, device=META)

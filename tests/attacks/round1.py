@@ -19,7 +19,7 @@ from autograder.sandbox import SANDBOX_UID
 from conftest import add_cell, learner_notebook, reference_notebook
 
 KEY = "03_qkv"
-FULL = 23.0
+FULL = 26.0
 MARKER = "hostile-marker-7f3a9c"
 SOLUTIONS = get_assignment(KEY).solutions
 HIDDEN = get_assignment(KEY).hidden_tests
