@@ -267,9 +267,11 @@ def _leaves(value):
         yield value
 
 
-DEVICE_ERRORS = ("on the same device", "is not on the expected device", "can't convert meta device type tensor")
+DEVICE_ERRORS = ("on the same device", "not at the same device",  # the latter: nn.GRU/nn.LSTM's own check
+                 "is not on the expected device", "can't convert meta device type tensor")
 FIXED_DEVICE_HINT = ("`{}` would fail on a GPU: it mixes its inputs with a tensor created on the CPU "
-                     "(torch.zeros, torch.ones, torch.arange or torch.tensor without device=, or .numpy()/.cpu()). "
+                     "(torch.zeros, torch.ones, torch.full, torch.arange or torch.tensor without device=, or "
+                     ".numpy()/.cpu()). "
                      "Create tensors on the inputs' device (device=x.device, torch.zeros_like, x.new_zeros) or use "
                      "Python numbers.")
 
