@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .assignments import all_assignments, get_assignment
+from .assignments import get_assignment
 
 
 def _cmd_generate(args) -> int:

@@ -1,23 +1,35 @@
 """The `check` and `grade` commands: parse arguments into a `Grader`, then write its results.
 
-Exit codes: 0 when every submission was graded (low scores and rejected notebooks
-included: those are the learners'); 1 when `check`'s notebook could not be graded;
-2 for a usage error (no such file, unknown assignment, no sandbox); 3 when any
-submission ended in a grader error (a fault of ours that needs the instructor).
+Exit codes: 0 when every submission was graded (low scores, rejected notebooks and
+rejected entries of the submissions folder included: those are the learners'); 1 when
+`check`'s notebook could not be graded; 2 for a usage error (no such file, unknown
+assignment, no sandbox, nothing gradable found); 3 when any submission ended in a grader
+error (a fault of ours that needs the instructor).
+
+Everything a learner controls (file and folder names, messages, grade ids) is capped and
+made visible (`autograder.text`) before it reaches the terminal, the log or a file; the
+submissions folder is read by the rule of `find_submissions`, never following a link.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
 import os
-import re
+import shutil
+import stat
 import sys
+import tempfile
 import time
+from collections import defaultdict
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .assignments import all_assignments, get_assignment
+from .limits import DEFAULT, Limits
+from .text import safe, student_id_problem, visible
 
 EXIT_OK, EXIT_NOT_GRADED, EXIT_USAGE, EXIT_GRADER_ERROR = 0, 1, 2, 3
 NO_SANDBOX_WARNING = ("WARNING: --no-sandbox: learner code runs on this machine as you, with access to your "
@@ -29,12 +41,22 @@ log = logging.getLogger("autograder")
 
 
 def _error(message: str) -> int:
-    print(f"error: {message}", file=sys.stderr)
+    print(f"error: {visible(message, keep=chr(10))}", file=sys.stderr)
     return EXIT_USAGE
 
 
 def _progress(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
+    """One progress line on stderr. Learner text in it is already `safe`; this pass makes sure
+    no control character at all reaches the terminal (newlines of our own messages kept)."""
+    print(visible(line, keep="\n"), file=sys.stderr, flush=True)
+
+
+class SafeFormatter(logging.Formatter):
+    """Log records without control characters; continuation lines (tracebacks) are indented, so no
+    text inside a record can pass for a record of its own."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return visible(super().format(record), keep="\n").replace("\n", "\n    ")
 
 
 def _infer_assignment(path: Path, given: str | None) -> str | None:
@@ -69,7 +91,7 @@ def _grader(key: str, **kw):
 # --- check ------------------------------------------------------------------------------
 
 def check_command(args) -> int:
-    from .feedback import format_text
+    from .feedback import bounded, format_text
     from .grader import GRADED, GRADER_ERROR
 
     path = Path(args.notebook)
@@ -80,9 +102,11 @@ def check_command(args) -> int:
     key = _infer_assignment(path, args.assignment)
     if key is None:
         known = ", ".join(a.key for a in all_assignments())
-        return _error(f"cannot tell which exercise {path.name} is (it has no course metadata); "
+        return _error(f"cannot tell which exercise {safe(path.name, 200)} is (it has no course metadata); "
                       f"pass --assignment KEY (known: {known})")
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s", stream=sys.stderr)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(SafeFormatter("%(levelname)s: %(message)s"))
+    logging.basicConfig(level=logging.WARNING, handlers=[handler])
     sandbox = None
     if args.sandbox:
         from .sandbox import SandboxUnavailable, detect
@@ -96,49 +120,376 @@ def check_command(args) -> int:
         return code
     result = grader.grade(path, seed=args.seed)
     if args.json:
-        print(json.dumps(dict(result.to_dict(), sandboxed=sandbox is not None), indent=2))
+        print(_dumps(dict(bounded(result, grader.limits).to_dict(), sandboxed=sandbox is not None)))
     else:
         print(SANDBOX_NOTE if sandbox is None else "The self-check ran your notebook's code in a sandbox.")
-        print(format_text(result))
+        print(format_text(result, limits=grader.limits))
     if result.status == GRADER_ERROR:
         return EXIT_GRADER_ERROR
     return EXIT_OK if result.status == GRADED else EXIT_NOT_GRADED
 
 
-# --- grade ------------------------------------------------------------------------------
+def _dumps(data) -> str:
+    """JSON for stdout: ASCII only (json escapes C0, C1 and bidi characters), DEL escaped too."""
+    return json.dumps(data, indent=2).replace("\x7f", "\\u007f")
 
-STUDENT_RE = re.compile(r"[^A-Za-z0-9_.@-]")
+
+# --- which notebook is whose: the submissions folder ------------------------------------------
+#
+# A folder argument DIR is read by depth, never following a link:
+#
+#   DIR/STUDENT.ipynb                 flat (an LMS download, a folder of files)
+#   DIR/STUDENT/KEY.ipynb             one folder per student
+#   DIR/STUDENT/KEY/KEY.ipynb         nbgrader's submitted/ layout
+#
+# STUDENT must be a student id (`text.student_id_problem`): names are never rewritten into
+# ids. Regular files not named *.ipynb are never opened (nbgrader's timestamp.txt, a
+# README) and `.ipynb_checkpoints` folders are skipped; everything else that is not at one
+# of these places (hidden entries, deeper folders, other notebooks, links, FIFOs, sockets,
+# devices, names that are not ids) is rejected with a reason, and when it lies inside a
+# student's folder that student's submission is flagged. Two notebooks that claim one
+# student (or ids that differ only in case) are an error for that student: neither is graded.
+
+KIND_REASONS = {
+    "link": "is a symbolic link (never followed)",
+    "fifo": "is a FIFO (named pipe), not a file",
+    "socket": "is a socket, not a file",
+    "device": "is a device, not a file",
+    "dir": "is a folder, not a notebook",
+    "other": "is not a regular file",
+}
 
 
-def find_submissions(paths: list[str], key: str) -> list[tuple[str, Path]]:
-    """(student id, notebook) pairs. A folder is searched for notebooks; the student id is
-    the folder in nbgrader's layout (``STUDENT/KEY/KEY.ipynb``), else the file's name."""
-    found: list[Path] = []
+def _kind(mode: int) -> str:
+    if stat.S_ISREG(mode):
+        return "file"
+    if stat.S_ISDIR(mode):
+        return "dir"
+    if stat.S_ISLNK(mode):
+        return "link"
+    if stat.S_ISFIFO(mode):
+        return "fifo"
+    if stat.S_ISSOCK(mode):
+        return "socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "device"
+    return "other"
+
+
+@dataclass
+class Claim:
+    """A notebook at one of the layout's places, and the student id its place gives it."""
+
+    student: str
+    base: Path               # the folder it was found in as given (the instructor's), or a file's folder
+    parts: tuple             # the components below `base`, each opened without following a link
+    kind: str                # "file", or why it is no notebook (see KIND_REASONS)
+    ident: tuple = ()        # (device, inode): the same file reached twice is one claim
+
+    @property
+    def path(self) -> Path:
+        return self.base.joinpath(*self.parts)
+
+
+@dataclass
+class Rejected:
+    path: str                # as shown: `safe`
+    reason: str
+    student: str | None = None  # the student whose folder it lies in
+
+    def to_dict(self) -> dict:
+        return {"path": self.path, "reason": self.reason, "student": self.student}
+
+
+@dataclass
+class Found:
+    """One student's submission: the notebook to grade, or why there is none to grade."""
+
+    student: str
+    claim: Claim | None
+    problem: str = ""        # not graded because ... (ambiguous, a link, no notebook)
+    flags: list = field(default_factory=list)
+
+
+@dataclass
+class Scan:
+    found: list              # of Found, by student id
+    rejected: list           # of Rejected: the first `limits.rejected_shown`
+    rejected_total: int = 0
+
+
+class _Scanner:
+    def __init__(self, key: str, limits: Limits, skip: set):
+        self.key, self.limits, self.skip = key, limits, skip
+        self.claims: dict[str, list[Claim]] = defaultdict(list)
+        self.folders: dict[str, Path] = {}
+        self.flags: dict[str, list[str]] = defaultdict(list)
+        self.flag_counts: dict[str, int] = defaultdict(int)
+        self.rejected: list[Rejected] = []
+        self.total = 0
+
+    def show(self, path) -> str:
+        return safe(str(path), self.limits.path_chars)
+
+    def reject(self, path, reason: str, student: str | None = None) -> None:
+        """Count a rejected entry; list it unless `rejected_shown` are listed, or (inside a student's
+        folder) `flags` of that folder are: one learner's thousands of entries hide no one else's."""
+        self.total += 1
+        shown = self.show(path)
+        listed = student is None or self.flag_counts[student] < self.limits.flags
+        if listed and len(self.rejected) < self.limits.rejected_shown:
+            self.rejected.append(Rejected(shown, reason, student))
+        if student is not None:
+            self.flag_counts[student] += 1
+            if len(self.flags[student]) < self.limits.flags:
+                self.flags[student].append(f"{shown} {reason}")
+
+    def claim(self, student: str, base: Path, parts: tuple, kind: str, st) -> None:
+        ident = (st.st_dev, st.st_ino) if st is not None else ()
+        if ident and any(c.ident == ident and c.student == student for c in self.claims[student]):
+            return  # the same file given twice (a folder and a file in it)
+        self.claims[student].append(Claim(student, base, parts, kind, ident))
+
+    # the three places ---------------------------------------------------------------
+    def _entries(self, fd: int):
+        """(name, lstat, kind) of a folder's entries; never follows a link."""
+        with os.scandir(fd) as it:
+            for entry in it:
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    yield entry.name, None, "other"
+                    continue
+                yield entry.name, st, _kind(st.st_mode)
+
+    def _ignored(self, name: str, st, kind: str) -> bool:
+        """Entries that are silently passed over: other regular files, Jupyter's checkpoints, --out."""
+        if kind == "file" and not name.lower().endswith(".ipynb"):
+            return True  # never opened: nbgrader's timestamp.txt, a README, .DS_Store
+        if kind == "dir" and (name == ".ipynb_checkpoints" or (st.st_dev, st.st_ino) in self.skip):
+            return True
+        return False
+
+    def _why_not(self, name: str, kind: str, where: str) -> str:
+        if name.startswith("."):
+            what = "a hidden folder" if kind == "dir" else "a hidden entry"
+            return f"is {what} (its name starts with '.'); not searched or graded"
+        if kind == "dir":
+            return f"is a folder below the layout ({where}); not searched"
+        if kind != "file":
+            return KIND_REASONS[kind] + "; not graded"
+        return f"is a notebook that is not at the layout's place ({where}); not graded"
+
+    def folder(self, base: Path, fd: int) -> None:
+        """DIR: one STUDENT.ipynb or one STUDENT/ folder per student."""
+        for name, st, kind in self._entries(fd):
+            if self._ignored(name, st, kind):
+                continue
+            path = base / name
+            if name.startswith("."):
+                self.reject(path, self._why_not(name, kind, ""))
+                continue
+            if kind == "dir":
+                problem = student_id_problem(name, self.key)
+                if problem:
+                    self.reject(path, f"is a folder whose name {problem}; not searched")
+                    continue
+                self.student_folder(base, name, fd)
+                continue
+            if not name.endswith(".ipynb"):
+                self.reject(path, KIND_REASONS.get(kind, "is not named *.ipynb") + "; not graded")
+                continue
+            student = name[: -len(".ipynb")]
+            problem = student_id_problem(student, self.key)
+            if problem:
+                self.reject(path, f"is a notebook whose name {problem}; not graded")
+                continue
+            self.claim(student, base, (name,), kind, st)
+
+    def student_folder(self, base: Path, student: str, parent_fd: int) -> None:
+        """DIR/STUDENT/: KEY.ipynb, or KEY/KEY.ipynb (nbgrader)."""
+        self.folders.setdefault(student, base / student)
+        where = f"{student}/{self.key}/{self.key}.ipynb or {student}/{self.key}.ipynb"
+        try:
+            fd = os.open(student, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent_fd)
+        except OSError as exc:
+            self.reject(base / student, f"could not be read ({exc.strerror}); not searched", student)
+            return
+        try:
+            for name, st, kind in self._entries(fd):
+                if self._ignored(name, st, kind):
+                    continue
+                if name == f"{self.key}.ipynb":
+                    self.claim(student, base, (student, name), kind, st)
+                elif name == self.key and kind == "dir":
+                    self.key_folder(base, student, fd)
+                else:
+                    self.reject(base / student / name, self._why_not(name, kind, where), student)
+        finally:
+            os.close(fd)
+
+    def key_folder(self, base: Path, student: str, parent_fd: int) -> None:
+        """DIR/STUDENT/KEY/: KEY.ipynb only."""
+        where = f"{student}/{self.key}/{self.key}.ipynb"
+        try:
+            fd = os.open(self.key, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent_fd)
+        except OSError as exc:
+            self.reject(base / student / self.key, f"could not be read ({exc.strerror}); not searched", student)
+            return
+        try:
+            for name, st, kind in self._entries(fd):
+                if self._ignored(name, st, kind):
+                    continue
+                if name == f"{self.key}.ipynb":
+                    self.claim(student, base, (student, self.key, name), kind, st)
+                else:
+                    self.reject(base / student / self.key / name, self._why_not(name, kind, where), student)
+        finally:
+            os.close(fd)
+
+    def file(self, path: Path) -> None:
+        """A notebook given on the command line: its stem is the id, or the student folder of
+        nbgrader's layout (STUDENT/KEY/KEY.ipynb); a link or a non-regular file is refused."""
+        try:
+            st = os.lstat(path)
+        except OSError as exc:
+            self.reject(path, f"could not be read ({exc.strerror})")
+            return
+        name, key = path.name, self.key
+        if name == f"{key}.ipynb" and path.parent.name == key and path.parent.parent.name:
+            student = path.parent.parent.name
+            problem = student_id_problem(student, key)
+            if problem:
+                self.reject(path, f"is in a folder whose name {problem}; not graded")
+                return
+            self.claim(student, path.parents[2], (student, key, name), _kind(st.st_mode), st)
+            return
+        student = name[: -len(".ipynb")] if name.endswith(".ipynb") else path.stem
+        problem = student_id_problem(student, key)
+        if problem:
+            self.reject(path, f"is a notebook whose name {problem}; not graded")
+            return
+        self.claim(student, path.parent, (name,), _kind(st.st_mode), st)
+
+    # the outcome ----------------------------------------------------------------------
+    def result(self) -> Scan:
+        groups: dict[str, list[Claim]] = defaultdict(list)
+        for student, claims in self.claims.items():
+            groups[student.lower()] += claims
+        found = []
+        for student in sorted(set(self.claims) | set(self.folders)):
+            flags = sorted(self.flags.get(student, []))
+            more = self.flag_counts.get(student, 0) - len(flags)
+            if flags:
+                flags[0] = f"its folder holds entries that were not graded: {flags[0]}"
+            if more > 0:
+                flags.append(f"… {more:,} more entries of its folder not graded")
+            claims = self.claims.get(student, [])
+            group = groups.get(student.lower(), [])
+            if len(group) > 1:
+                names = [self.show(c.path) for c in group[: self.limits.flags]]
+                if len(group) > self.limits.flags:
+                    names.append(f"… {len(group) - self.limits.flags} more")
+                case = any(c.student != student for c in group)
+                found.append(Found(student, None, (
+                    f"{len(group)} notebooks claim the student id {student}"
+                    + (" (or an id that differs from it only in case)" if case else "")
+                    + ": " + ", ".join(names) + "; none of them is graded until only one is left"), flags))
+            elif claims and claims[0].kind != "file":
+                found.append(Found(student, claims[0], f"{self.show(claims[0].path)} {KIND_REASONS[claims[0].kind]}; "
+                                   "not graded: hand in the notebook file itself", flags))
+            elif claims:
+                found.append(Found(student, claims[0], "", flags))
+            else:
+                folder = self.show(self.folders[student])
+                found.append(Found(student, None, (
+                    f"no notebook in {folder} at {self.key}/{self.key}.ipynb or {self.key}.ipynb; nothing was graded"),
+                    flags))
+        return Scan(found, sorted(self.rejected, key=lambda r: r.path), self.total)
+
+
+def find_submissions(paths: list[str], key: str, limits: Limits = DEFAULT, out: Path | None = None) -> Scan:
+    """The submissions in `paths` (folders, read by the layout rule above, and notebook files),
+    one per student, and the entries rejected on the way, each with its reason."""
+    skip = set()
+    if out is not None:
+        try:
+            st = os.stat(out)
+            skip.add((st.st_dev, st.st_ino))
+        except OSError:
+            pass
+    scanner = _Scanner(key, limits, skip)
+    seen_dirs = set()
     for p in map(Path, paths):
-        if p.is_dir():
-            found += sorted(x for x in p.rglob("*.ipynb") if ".ipynb_checkpoints" not in x.parts)
+        if p.is_dir():  # a folder given on the command line is the instructor's: followed if a link
+            try:
+                fd = os.open(p, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            except OSError as exc:
+                scanner.reject(p, f"could not be read ({exc.strerror})")
+                continue
+            try:
+                st = os.fstat(fd)
+                if (st.st_dev, st.st_ino) not in seen_dirs:
+                    seen_dirs.add((st.st_dev, st.st_ino))
+                    scanner.folder(p, fd)
+            finally:
+                os.close(fd)
         else:
-            found.append(p)
-    out = []
-    for nb in found:
-        if nb.parent.name == key and nb.parent.parent.name:
-            student = nb.parent.parent.name
-        else:
-            student = nb.stem
-        out.append((STUDENT_RE.sub("_", student)[:100] or "unnamed", nb))
-    return out
+            scanner.file(p)
+    return scanner.result()
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
+@dataclass
+class Read:
+    data: bytes | None       # None: not graded, see `problem`
+    digest: str = ""
+    problem: str = ""        # "is ..." (follows the notebook's path)
+    mtime: float | None = None
+
+
+def read_claim(claim: Claim, limit: int) -> Read:
+    """The bytes of a claimed notebook, opened without following a link in any component below
+    the folder it was found in, and only if it is a regular file (a FIFO does not block). At
+    most `limit` bytes are read; a larger file gives a problem (and a digest of its size and head)."""
+    fds = []
     try:
-        with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
-    except OSError:
-        return ""
-    return h.hexdigest()
+        fd = os.open(claim.base if str(claim.base) else ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        fds.append(fd)
+        for part in claim.parts[:-1]:
+            fd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            fds.append(fd)
+        fd = os.open(claim.parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
+        fds.append(fd)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            return Read(None, problem="is a symbolic link, or lies under one (never followed); not graded")
+        return Read(None, problem=f"could not be read ({exc.strerror}); not graded")
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return Read(None, problem=KIND_REASONS[_kind(st.st_mode)] + "; not graded")
+        h = hashlib.sha256()
+        chunks, total = [], 0
+        while total <= limit:
+            chunk = os.read(fd, min(1 << 20, limit + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+        data = b"".join(chunks)
+        h.update(data)
+        if total > limit:
+            h.update(f"|{st.st_size}|{st.st_mtime_ns}".encode())
+            size = max(st.st_size, total)
+            return Read(None, h.hexdigest(), f"is {size / 2**20:.1f} MiB; notebooks over {limit / 2**20:g} MiB "
+                        "are not graded (clear large outputs first)", st.st_mtime)
+        return Read(data, h.hexdigest(), "", st.st_mtime)
+    finally:
+        for f in fds:
+            os.close(f)
 
+
+# --- grade ------------------------------------------------------------------------------
 
 def _write_json_atomic(path: Path, data: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -153,31 +504,43 @@ def _open_log(out: Path, key: str) -> Path:
     logs.mkdir(parents=True, exist_ok=True)
     path = logs / f"grade-{key}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
     handler = logging.FileHandler(path, encoding="utf-8")
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    handler.setFormatter(SafeFormatter("%(asctime)s %(levelname)s %(message)s"))
     log.addHandler(handler)
     log.setLevel(logging.INFO)
     return path
 
 
-def _saved(path: Path, digest: str) -> dict | None:
-    """The saved result of an unchanged, finished submission, or None (then it is graded again)."""
+def _saved(path: Path, digest: str, flags: list) -> dict | None:
+    """The saved result of an unchanged, finished submission with the same flags, or None (then
+    it is graded again)."""
     try:
         saved = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     if (isinstance(saved, dict) and digest and saved.get("sha256") == digest
-            and saved.get("status") in ("graded", "error")
+            and saved.get("status") in ("graded", "error") and saved.get("flags", []) == flags
             and isinstance(saved.get("score"), (int, float)) and isinstance(saved.get("max_score"), (int, float))):
         return saved
     return None
+
+
+def _progress_line(student: str, result, limits: Limits, flags: list) -> str:
+    line = f"{student}: {result.score:g} / {result.max_score:g}"
+    if result.status != "graded":
+        line += f" ({result.status.upper()}: {safe(result.error, limits.progress_chars)})"
+    if result.seed is not None:
+        line += f" [{result.seconds:.1f} s, seed {result.seed}]"
+    if flags:
+        line += f" FLAGGED: {safe('; '.join(flags), limits.progress_chars)}"
+    return line
 
 
 def grade_command(args) -> int:
     from nbgrader.api import Gradebook
 
     from . import gradebook as gbk
-    from .feedback import feedback_html
-    from .grader import GRADER_ERROR
+    from .feedback import bounded, bounded_flags, feedback_html
+    from .grader import ERROR, GRADER_ERROR, Result
 
     # nbgrader runs the `alembic` command of its environment: make it findable when the
     # environment is not activated (e.g. `.venv/bin/python -m autograder grade ...`).
@@ -185,17 +548,25 @@ def grade_command(args) -> int:
     if bindir not in os.environ.get("PATH", "").split(os.pathsep):
         os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
 
-    missing = [p for p in args.submissions if not Path(p).exists()]
+    missing = [p for p in args.submissions if not os.path.lexists(p)]
     if missing:
-        return _error("no such file or folder: " + ", ".join(missing))
+        return _error("no such file or folder: " + ", ".join(safe(p, DEFAULT.path_chars) for p in missing))
     try:
         assignment = get_assignment(args.assignment)
     except KeyError as exc:
         return _error(exc.args[0])
     out = Path(args.out)
-    submissions = find_submissions(args.submissions, assignment.key)
-    if not submissions:
-        return _error("no notebooks found in " + " ".join(args.submissions))
+    scan = find_submissions(args.submissions, assignment.key, DEFAULT, out=out)
+    shown = DEFAULT.rejected_shown
+    for r in scan.rejected:
+        _progress(f"rejected: {r.path} {r.reason}" + (f" (in {r.student}'s folder)" if r.student else ""))
+    if scan.rejected_total > len(scan.rejected):
+        _progress(f"rejected: … {scan.rejected_total - len(scan.rejected):,} more entries (only the first {shown} "
+                  "are listed, here and in the log)")
+    if not scan.found:
+        given = " ".join(safe(p, DEFAULT.path_chars) for p in args.submissions)
+        return _error(f"no notebooks to grade found in {given}"
+                      + (f" ({scan.rejected_total} rejected entries, listed above)" if scan.rejected_total else ""))
     # Learner code runs in bubblewrap unless the instructor explicitly says otherwise.
     sandbox = None
     if args.no_sandbox:
@@ -212,73 +583,99 @@ def grade_command(args) -> int:
     grader, code = _grader(assignment.key, sandbox=sandbox, overrides=overrides)
     if grader is None:
         return code
+    limits = grader.limits
     out.mkdir(parents=True, exist_ok=True)
     log_path = _open_log(out, assignment.key)
-    log.info("grading %d submission(s) of %s into %s", len(submissions), assignment.key, out)
+    log.info("grading %d submission(s) of %s into %s", len(scan.found), assignment.key, safe(out, limits.path_chars))
+    for r in scan.rejected:
+        log.warning("rejected: %s %s%s", r.path, r.reason, f" (in {r.student}'s folder)" if r.student else "")
+    if scan.rejected_total > len(scan.rejected):
+        log.warning("rejected: … %d more entries not listed", scan.rejected_total - len(scan.rejected))
     url = args.gradebook or f"sqlite:///{(out / 'gradebook.db').resolve()}"
     results_dir = out / "results" / assignment.key
+    copies = Path(tempfile.mkdtemp(prefix="autograder-copies-"))
     reports = []
-    seen: set[str] = set()
-    with Gradebook(url) as gb:
-        gbk.sync_assignment(gb, assignment)
-        for student, path in submissions:
-            if student in seen:
-                msg = f"another submission in this batch already uses the student id {student!r}; not graded"
-                reports.append({"student": student, "notebook": str(path), "status": "error", "error": msg,
-                                "score": 0, "max_score": None, "checks": [], "skipped": True})
-                _progress(f"{student}: {msg}")
-                log.warning("%s: %s (%s)", student, msg, path)
-                continue
-            seen.add(student)
-            digest = _sha256(path)
-            saved_path = results_dir / f"{student}.json"
-            saved = None if args.force else _saved(saved_path, digest)
-            # Skipped only if the gradebook also has the row (it may be a new or restored one).
-            if saved is not None and gbk.has_submission(gb, assignment, student):
-                saved["skipped"] = True
-                reports.append(saved)
-                _progress(f"{student}: already graded ({saved['score']:g} / {saved['max_score']:g}); --force regrades")
-                continue
-            result = grader.grade(path, student=student, seed=args.seed)
-            gbk.record(gb, assignment, student, result, timestamp=_mtime(path))
-            fb = out / "feedback" / student / f"{assignment.key}.html"
-            fb.parent.mkdir(parents=True, exist_ok=True)
-            fb.write_text(feedback_html(result), encoding="utf-8")
-            data = dict(result.to_dict(), sha256=digest, feedback=str(fb), skipped=False)
-            # Written last: a run killed before this line regrades this learner next time.
-            _write_json_atomic(saved_path, data)
-            reports.append(data)
-            line = (f"{student}: {result.score:g} / {result.max_score:g}"
-                    + ("" if result.status == "graded" else f" ({result.status.upper()}: {result.error})")
-                    + f" [{result.seconds:.1f} s, seed {result.seed}]")
-            _progress(line)
-            log.info("%s (%s): %s, status %s, seed %d, %.1f s", student, path, f"{result.score:g}/{result.max_score:g}",
-                     result.status, result.seed, result.seconds)
-        statuses = {}
-        for f in sorted(results_dir.glob("*.json")):
-            try:
-                statuses[f.stem] = json.loads(f.read_text(encoding="utf-8"))
-            except ValueError:
-                pass
-        table = gbk.rows(gb, assignment, statuses)
+
+    def not_graded(found: Found, reason: str, path: str, digest: str = "") -> dict:
+        """A flagged `error` row for a submission that is not graded at all (ambiguous, a link, ...)."""
+        result = Result(assignment=assignment.key, notebook=path, student=found.student, status=ERROR, error=reason,
+                        max_score=grader.max_score, seed=None,
+                        parts={p: {"score": 0.0, "max_score": m} for p, m in grader.parts.items()})
+        return finish(found, result, digest)
+
+    def finish(found: Found, result, digest: str, timestamp: float | None = None) -> dict:
+        flags = bounded_flags(found.flags, limits)
+        result = bounded(result, limits)
+        gbk.record(gb, assignment, found.student, result, timestamp=timestamp, flagged=bool(flags))
+        fb = out / "feedback" / found.student / f"{assignment.key}.html"
+        fb.parent.mkdir(parents=True, exist_ok=True)
+        fb.write_text(feedback_html(result, flags, limits), encoding="utf-8")
+        data = dict(result.to_dict(), sha256=digest, feedback=str(fb), skipped=False, flags=flags)
+        # Written last: a run killed before this line regrades this learner next time.
+        _write_json_atomic(results_dir / f"{found.student}.json", data)
+        _progress(_progress_line(found.student, result, limits, flags))
+        log.info("%s (%s): %s, status %s, seed %s, %.1f s%s", found.student, result.notebook,
+                 f"{result.score:g}/{result.max_score:g}", result.status, result.seed, result.seconds,
+                 f", flagged: {'; '.join(flags)}" if flags else "")
+        if result.status == ERROR and result.seed is None:
+            log.warning("%s: not graded: %s", found.student, result.error)
+        return data
+
+    try:
+        with Gradebook(url) as gb:
+            gbk.sync_assignment(gb, assignment)
+            for found in scan.found:
+                student, claim = found.student, found.claim
+                shown_path = safe(str(claim.path), limits.path_chars) if claim else ""
+                if found.problem:
+                    reports.append(not_graded(found, found.problem, shown_path))
+                    continue
+                read = read_claim(claim, limits.notebook_bytes)
+                if read.data is None:
+                    reports.append(not_graded(found, f"{shown_path} {read.problem}", shown_path, read.digest))
+                    continue
+                flags = bounded_flags(found.flags, limits)
+                saved = None if args.force else _saved(results_dir / f"{student}.json", read.digest, flags)
+                # Skipped only if the gradebook also has the row (it may be a new or restored one).
+                if saved is not None and gbk.has_submission(gb, assignment, student):
+                    saved["skipped"] = True
+                    reports.append(saved)
+                    flagged = f" FLAGGED: {safe('; '.join(flags), limits.progress_chars)}" if flags else ""
+                    _progress(f"{student}: already graded ({saved['score']:g} / {saved['max_score']:g}); "
+                              f"--force regrades{flagged}")
+                    continue
+                # Graded from a private copy of the bytes read (and hashed) above: what is graded is
+                # what was checked, whatever happens to the submissions folder meanwhile.
+                copy = copies / str(len(reports)) / claim.parts[-1]
+                copy.parent.mkdir()
+                copy.write_bytes(read.data)
+                try:
+                    result = grader.grade(copy, student=student, seed=args.seed, label=str(claim.path))
+                finally:
+                    shutil.rmtree(copy.parent, ignore_errors=True)
+                reports.append(finish(found, result, read.digest, read.mtime))
+            statuses = {}
+            for f in sorted(results_dir.glob("*.json")):
+                try:
+                    statuses[f.stem] = json.loads(f.read_text(encoding="utf-8"))
+                except (OSError, ValueError):
+                    pass
+            table = gbk.rows(gb, assignment, statuses, limits)
+    finally:
+        shutil.rmtree(copies, ignore_errors=True)
     csv_path = out / f"{assignment.key}_grades.csv"
-    gbk.write_csv(csv_path, table)
+    gbk.write_csv(csv_path, table, limits)
     faults = [r for r in reports if r.get("status") == GRADER_ERROR]
     summary = {"assignment": assignment.key, "gradebook": url, "csv": str(csv_path), "log": str(log_path),
-               "submissions": reports}
+               "submissions": reports, "rejected": [r.to_dict() for r in scan.rejected],
+               "rejected_total": scan.rejected_total}
     if args.json:
-        print(json.dumps(summary, indent=2))
+        print(_dumps(summary))
     else:
-        print(f"gradebook: {url}\ncsv: {csv_path}\nfeedback: {out / 'feedback'}\nlog: {log_path}")
+        print(visible(f"gradebook: {url}\ncsv: {csv_path}\nfeedback: {out / 'feedback'}\nlog: {log_path}", keep="\n"))
     if faults:
         _progress(f"{len(faults)} submission(s) hit a grader error (not the learners' fault): "
                   + ", ".join(str(r.get("student")) for r in faults) + f". Tracebacks: {log_path}")
         return EXIT_GRADER_ERROR
     return EXIT_OK
 
-
-def _mtime(path: Path) -> float | None:
-    try:
-        return path.stat().st_mtime
-    except OSError:
-        return None

@@ -1,20 +1,69 @@
 """What a learner and an instructor read: the text report of `check` and the feedback page.
 
 Both show points, check titles and hints; never hidden test code, inputs or expected values.
+Learner text in a result (messages, grade ids, notes, paths) is capped and made visible by
+`bounded` before anything is written (see autograder/text.py); the page escapes it for HTML.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import html
+import json
 
 from .grader import GRADED, GRADER_ERROR, Result
+from .limits import DEFAULT, Limits
+from .text import safe, safe_list
 
 
 def _num(x: float) -> str:
     return f"{x:g}"
 
 
-def format_text(result: Result, with_student: bool = False) -> str:
+def _bounded_once(result: Result, limits: Limits) -> Result:
+    checks = [dataclasses.replace(c, title=safe(c.title, limits.hint_chars), hint=safe(c.hint, limits.hint_chars),
+                                  name=safe(c.name, 200), part=safe(c.part, 200)) for c in result.checks]
+    # A list already cut to `notes` items keeps its own last line ("… N more ..."): notes + 1.
+    notes = result.notes if len(result.notes) <= limits.notes + 1 else result.notes[: limits.notes] + [
+        f"… {len(result.notes) - limits.notes:,} more notes"]
+    return dataclasses.replace(
+        result, assignment=safe(result.assignment, 100), notebook=safe(result.notebook, limits.path_chars),
+        student=safe(result.student, 100), status=safe(result.status, 40), error=safe(result.error, limits.error_chars),
+        checks=checks, notes=[safe(n, limits.note_chars) for n in notes])
+
+
+def _size(result: Result) -> int:
+    """An upper bound of the bytes `result` takes in JSON (ASCII-escaped) or on the feedback page."""
+    d = result.to_dict()
+    return max(len(json.dumps(d)), len(html.escape(json.dumps(d, ensure_ascii=False)).encode()))
+
+
+def bounded(result: Result, limits: Limits = DEFAULT) -> Result:
+    """A copy of `result` whose every text is capped and free of control characters, small enough
+    to write anywhere: with its flags, its results file and its feedback page stay under
+    `limits.result_bytes` (64 KiB are kept for flags, indentation and the page's template; hints,
+    notes and the reason are cut harder if characters that JSON or HTML escape to many bytes
+    would make it larger)."""
+    out = _bounded_once(result, limits)
+    budget = limits.result_bytes - 64 * 1024
+    while _size(out) > budget and limits.hint_chars > 40:
+        limits = limits.replace(hint_chars=max(limits.hint_chars // 4, 40), note_chars=max(limits.note_chars // 4, 40),
+                                error_chars=max(limits.error_chars // 4, 100), notes=max(limits.notes // 4, 2))
+        out = _bounded_once(out, limits)
+    return out
+
+
+def bounded_flags(flags, limits: Limits = DEFAULT) -> list[str]:
+    """The reasons a submission is flagged, as shown: at most `limits.flags`, then a count (a list
+    already cut to `flags` items keeps its own last line)."""
+    flags = list(flags)
+    if len(flags) <= limits.flags + 1:
+        return [safe(f, limits.path_chars + 200) for f in flags]
+    return safe_list(flags, limits.flags, limits.path_chars + 200, "more reasons")
+
+
+def format_text(result: Result, with_student: bool = False, limits: Limits = DEFAULT) -> str:
+    result = bounded(result, limits)
     lines = []
     who = f" ({result.student})" if with_student and result.student else ""
     lines.append(f"Exercise {result.assignment}{who}: {result.notebook}")
@@ -23,7 +72,7 @@ def format_text(result: Result, with_student: bool = False) -> str:
         return "\n".join(lines)
     width = max([len(p) for p in result.parts] + [10])
     for part, s in result.parts.items():
-        lines.append(f"  {part:<{width}}  {_num(s['score'])} / {_num(s['max_score'])}")
+        lines.append(f"  {safe(part, 100):<{width}}  {_num(s['score'])} / {_num(s['max_score'])}")
         for c in result.checks:
             if c.part == part and not c.passed:
                 lines.append(f"      x {c.title} (0 / {_num(c.max_points)})")
@@ -37,18 +86,25 @@ def format_text(result: Result, with_student: bool = False) -> str:
     return "\n".join(lines)
 
 
-def feedback_html(result: Result) -> str:
-    """The learner's feedback page."""
-    e = html.escape
+def feedback_html(result: Result, flags=(), limits: Limits = DEFAULT) -> str:
+    """The learner's feedback page; `flags` are reasons the instructor will look at this submission."""
+    result = bounded(result, limits)
+    flags = bounded_flags(flags, limits)
+
+    def e(text) -> str:
+        return html.escape(str(text), quote=True)
+
     rows = []
     for part, s in result.parts.items():
-        rows.append(f"<tr class='part'><th>{e(part)}</th><th>{_num(s['score'])} / {_num(s['max_score'])}</th></tr>")
+        rows.append(f"<tr class='part'><th>{e(safe(part, 100))}</th>"
+                    f"<th>{_num(s['score'])} / {_num(s['max_score'])}</th></tr>")
         for c in result.checks:
             if c.part != part:
                 continue
             mark = "&#10003;" if c.passed else ("?" if c.grader_error else "&#10007;")
             hint = "" if c.passed else f"<div class='hint'>{e(c.hint)}</div>"
-            rows.append(f"<tr><td>{mark} {e(c.title)}{hint}</td><td>{_num(c.points)} / {_num(c.max_points)}</td></tr>")
+            rows.append(f"<tr><td>{mark} {e(c.title)}{hint}</td>"
+                        f"<td>{_num(c.points)} / {_num(c.max_points)}</td></tr>")
     notes = "".join(f"<li>{e(n)}</li>" for n in result.notes)
     status = ""
     if result.status == GRADER_ERROR:
@@ -56,6 +112,10 @@ def feedback_html(result: Result) -> str:
                   "notebook; your instructor will regrade it.</p>")
     elif result.status != GRADED:
         status = f"<p class='error'>Not graded: {e(result.error)}</p>"
+    if flags:
+        status += ("<p class='error'>Your instructor will look at this submission: "
+                   + "; ".join(e(f) for f in flags) + "</p>")
+    seed = "" if result.seed is None else f"<p class='seed'>Checks seeded with {e(result.seed)}.</p>"
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>Feedback: {e(result.assignment)} ({e(result.student)})</title>
 <style>body{{font-family:sans-serif;max-width:50em;margin:2em auto}}td,th{{padding:.3em .6em;text-align:left;vertical-align:top}}
@@ -64,6 +124,6 @@ tr.part th{{background:#eee}}.hint{{color:#8a3b00;margin-top:.2em}}.error{{color
 <p>Learner: <b>{e(result.student)}</b>. Score: <b>{_num(result.score)} / {_num(result.max_score)}</b></p>
 {status}<table>{''.join(rows)}</table>
 {'<h2>Notes</h2><ul>' + notes + '</ul>' if notes else ''}
-<p class='seed'>Checks seeded with {result.seed}.</p>
+{seed}
 </body></html>
 """

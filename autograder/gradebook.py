@@ -19,6 +19,8 @@ from nbgrader import utils as nbgrader_utils
 from nbgrader.api import Gradebook, MissingEntry
 
 from .assignments import Assignment
+from .limits import DEFAULT, Limits
+from .text import csv_cell, safe
 
 
 def sync_assignment(gb: Gradebook, assignment: Assignment) -> list[str]:
@@ -45,8 +47,12 @@ def sync_assignment(gb: Gradebook, assignment: Assignment) -> list[str]:
     return grade_ids
 
 
-def record(gb: Gradebook, assignment: Assignment, student: str, result, timestamp: float | None = None) -> None:
-    """Write one result's part scores into the gradebook (creating or updating its rows)."""
+def record(gb: Gradebook, assignment: Assignment, student: str, result, timestamp: float | None = None,
+           flagged: bool = False) -> None:
+    """Write one result's part scores into the gradebook (creating or updating its rows).
+
+    The submission is flagged when it was not graded, or when `flagged` (its folder held
+    entries that were not graded: the instructor must look)."""
     key = assignment.key
     gb.update_or_create_student(student)
     # nbgrader's own add_submission trips SQLAlchemy 2's autoflush warnings; they are noise.
@@ -64,7 +70,7 @@ def record(gb: Gradebook, assignment: Assignment, student: str, result, timestam
         grade.auto_score = float(scores["score"])
         grade.needs_manual_grade = False
     # A submission that could not be graded is flagged for the instructor, never silently 0.
-    nb.flagged = result.status != "graded"
+    nb.flagged = result.status != "graded" or bool(flagged)
     gb.db.commit()
 
 
@@ -77,8 +83,17 @@ def has_submission(gb: Gradebook, assignment: Assignment, student: str) -> bool:
     return True
 
 
-def rows(gb: Gradebook, assignment: Assignment, statuses: dict[str, dict]) -> list[dict]:
-    """One row per submission in the gradebook, with the status recorded when it was graded."""
+def _reason(info: dict, limits: Limits) -> str:
+    reason = info.get("error") if isinstance(info.get("error"), str) else ""
+    flags = info.get("flags") if isinstance(info.get("flags"), list) else []
+    if flags:
+        reason = (reason + " | " if reason else "") + "flagged: " + "; ".join(map(str, flags))
+    return safe(reason, limits.error_chars)
+
+
+def rows(gb: Gradebook, assignment: Assignment, statuses: dict[str, dict], limits: Limits = DEFAULT) -> list[dict]:
+    """One row per submission in the gradebook, with the status recorded when it was graded
+    (and the reasons it was flagged, in `reason`)."""
     key = assignment.key
     out = []
     grade_cells = [c.name for c in gb.find_notebook(key, key).grade_cells]
@@ -90,8 +105,8 @@ def rows(gb: Gradebook, assignment: Assignment, statuses: dict[str, dict]) -> li
             "assignment": key,
             "score": round(float(nb.score), 4),
             "max_score": round(float(nb.max_score), 4),
-            "status": info.get("status", "graded"),
-            "reason": info.get("error", ""),
+            "status": safe(info.get("status", "graded"), 40),
+            "reason": _reason(info, limits),
         }
         for name in sorted(grade_cells):
             row[name] = round(float(gb.find_grade(name, key, key, sub.student.id).score), 4)
@@ -99,13 +114,18 @@ def rows(gb: Gradebook, assignment: Assignment, statuses: dict[str, dict]) -> li
     return out
 
 
-def write_csv(path: Path, table: list[dict]) -> None:
-    """Write the rows atomically: a reader never sees half a file."""
+def write_csv(path: Path, table: list[dict], limits: Limits = DEFAULT) -> None:
+    """Write the rows atomically: a reader never sees half a file.
+
+    Every text cell is made safe for a spreadsheet (`text.csv_cell`): no control characters
+    (so one row is one line), at most `limits.error_chars` characters, and a cell that would
+    start a formula (=, +, -, @, tab, CR) gets a leading apostrophe. Numbers stay numbers."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".csv.tmp")
     fields = list(table[0].keys()) if table else ["student_id", "assignment", "score", "max_score", "status", "reason"]
     with open(tmp, "w", newline="", encoding="utf-8") as f:
-        w = csv.DictWriter(f, fieldnames=fields)
-        w.writeheader()
-        w.writerows(table)
+        w = csv.writer(f)
+        w.writerow([csv_cell(name, 200) for name in fields])
+        for row in table:
+            w.writerow([csv_cell(row.get(name, ""), limits.error_chars) for name in fields])
     os.replace(tmp, path)

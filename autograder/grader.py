@@ -198,15 +198,18 @@ class Grader:
         return Result(assignment=self.assignment.key, notebook=str(path), student=student, seed=seed,
                       max_score=self.max_score, parts={p: {"score": 0.0, "max_score": m} for p, m in self.parts.items()})
 
-    def grade(self, path: str | Path, *, student: str = "", seed: int | None = None) -> Result:
-        """Grade one notebook file. Never raises; see the module docstring for the statuses."""
+    def grade(self, path: str | Path, *, student: str = "", seed: int | None = None, label: str = "") -> Result:
+        """Grade one notebook file. Never raises; see the module docstring for the statuses.
+
+        `label` names the notebook in the result and the log when `path` is a private copy of it."""
         start = time.monotonic()
         seed = secrets.randbelow(2**31) if seed is None else int(seed)
-        result = self._result(path, student, seed)
+        result = self._result(label or path, student, seed)
         try:
             self._grade(Path(path), result)
         except Exception as exc:  # noqa: BLE001 - a fault of ours must not lose the submission
-            log.error("grader error while grading %s (%s), seed %d", path, student or "-", seed, exc_info=True)
+            log.error("grader error while grading %s (%s), seed %d", result.notebook, student or "-", seed,
+                      exc_info=True)
             result.status = GRADER_ERROR
             result.error = (f"internal grader error ({type(exc).__name__}); the traceback is in the grading "
                             "log. This is not the learner's fault: fix and regrade")
@@ -233,7 +236,7 @@ class Grader:
             self._run_checks(sub, result)
             result.notes += [f"{e['cell']}, line {e['line']}: {e['error']}" for e in sub.load_errors]
             result.notes += sub.load_notes
-        result.notes = cap(result.notes, self.limits)
+        result.notes = cap(result.notes, self.limits, dropped=sub.load_dropped)
 
     def _run_checks(self, sub: Submission, result: Result) -> None:
         learner = Learner(sub)

@@ -53,6 +53,30 @@ class Limits:
     note_chars: int = 300
     """Characters kept of one note or one learner error message."""
 
+    # --- the instructor's outputs: feedback pages, results, --json, CSV, terminal, log ------
+    # Learner text (messages, grade ids, file names) is capped again where it is written, so
+    # that no path from a notebook or a folder into an output is unbounded (see autograder/text.py).
+    hint_chars: int = 700
+    """Characters kept of one check's hint: an honest hint is one or two sentences; a learner's
+    exception message arrives already cut to 600 by the worker protocol."""
+    error_chars: int = 4000
+    """Characters kept of a submission's reason (`error`), as in the CSV's `reason` column: room
+    for the 20 problems of a forged-cell rejection (`notes` of `note_chars`), cut beyond."""
+    path_chars: int = 300
+    """Characters kept of a path in any output (a notebook, a rejected entry)."""
+    progress_chars: int = 300
+    """Characters of learner-derived text on one progress line (stderr); the full reason is in the
+    results, the CSV and the feedback page."""
+    rejected_shown: int = 50
+    """Rejected entries of the submissions folder listed in the progress output, the log and
+    `--json`; the rest are counted ("… N more")."""
+    flags: int = 5
+    """Reasons listed per flagged submission (rejected entries in the learner's folder); the rest are counted."""
+    result_bytes: int = 256 * 1024
+    """A submission's results file, its `--json` entry and its feedback page stay under this: the caps
+    above give about 15 KB, but a character can escape to 12 bytes (JSON) or 6 (HTML), so notes,
+    hints and the reason are cut harder when they would make it larger (`feedback.bounded`)."""
+
     # --- the sandbox (see autograder/sandbox.py) -------------------------------------------
     sandbox_tmp_bytes: int = 64 * MiB
     """The worker's private /tmp (tmpfs)."""
@@ -60,6 +84,14 @@ class Limits:
     """RLIMIT_NPROC: processes and threads of the sandbox uid; stops a fork bomb."""
     sandbox_address_space: int = 4 * 2**30
     """RLIMIT_AS in bytes; not set where a GPU is passed through (it breaks CUDA)."""
+    sandbox_memory_bytes: int = 4 * 2**30
+    """The memory cgroup limit of one worker, all its processes together, tmpfs (/tmp, /dev/shm)
+    and kernel memory included; the kernel OOM-kills inside the worker beyond it. Where no
+    cgroup can be created only RLIMIT_AS applies. RLIMIT_AS is kept beside it (without a GPU):
+    one oversized allocation then fails with a MemoryError the learner's code and the grader's
+    report can see, instead of an OOM kill. 4 GiB: a torch worker uses about 0.5 GiB."""
+    sandbox_shm_bytes: int = 64 * MiB
+    """The worker's private /dev/shm (tmpfs), where multiprocessing keeps its semaphores."""
     sandbox_file_size: int = 16 * MiB
     """RLIMIT_FSIZE: the largest file the worker may write."""
     sandbox_open_files: int = 256

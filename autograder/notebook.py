@@ -197,10 +197,12 @@ def audit_cells(nb: ParsedNotebook, ref_cells: dict[str, dict], limits: Limits =
     return audit
 
 
-def cap(items: list[str], limits: Limits, what: str = "notes") -> list[str]:
-    """At most `limits.notes` items of at most `limits.note_chars` characters, and a count of the rest."""
+def cap(items: list[str], limits: Limits, what: str = "notes", dropped: int = 0) -> list[str]:
+    """At most `limits.notes` items of at most `limits.note_chars` characters, and a count of the
+    rest (plus `dropped`, items already left out before)."""
     n, chars = limits.notes, limits.note_chars
     out = [s if len(s) <= chars else s[: chars - 1] + "…" for s in items[:n]]
-    if len(items) > n:
-        out.append(f"… {len(items) - n} more {what}")
+    more = max(len(items) - n, 0) + dropped
+    if more:
+        out.append(f"… {more} more {what}")
     return out

@@ -27,7 +27,7 @@ import sys
 import numpy as np
 
 # --- message kinds ----------------------------------------------------------------------
-OP_LOAD = "load"            # {"cells": [{"label", "source"}], "seed"} -> {"errors": [...], "notes": [...]}
+OP_LOAD = "load"            # {"cells": [{"label", "source"}], "seed"} -> {"errors": [...], "notes": [...], "more": N}
 OP_SEED = "seed"            # {"seed"} -> None: seed the worker's random generators
 OP_HAS = "has"              # {"name"} -> bool
 OP_CALL = "call"            # {"target", "args", "kwargs", ["device_check"]} -> value

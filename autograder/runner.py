@@ -117,9 +117,11 @@ class Submission:
         self.sandbox = sandbox  # an autograder.sandbox.Sandbox, or None to run unsandboxed
         self.notebook = notebook  # shown read-only inside the sandbox
         self.proc: subprocess.Popen | None = None
+        self._release = None  # the sandbox's clean-up for the running worker (its cgroup)
         self.generation = 0
         self.load_errors: list[dict] = []
         self.load_notes: list[str] = []
+        self.load_dropped = 0  # load errors and notes not kept
         self.load_failure: GradingError | None = None
         self.outputs: list[str] = []
         self._next_id = 1
@@ -147,11 +149,12 @@ class Submission:
         out_r, out_w = os.pipe()
         tail = [str(req_r), str(rep_w)]
         close_after: list[int] = []
+        release = None
         try:
             if self.sandbox is not None:
                 w = self.sandbox.wrap(tail, files=WORKER_FILES, env=self._env(),
                                       notebook=self.notebook, extra_fds=(req_r, rep_w))
-                close_after = w.close_fds
+                close_after, release = w.close_fds, getattr(w, "release", None)
                 argv, pass_fds, env, cwd = w.argv, w.pass_fds, w.env, w.cwd
             else:
                 argv = [self.python, "-I", str(WORKER_FILES[0]), *tail]
@@ -166,7 +169,10 @@ class Submission:
                     os.close(fd)
                 except OSError:
                     pass
+            if release is not None:
+                release()
             raise
+        self._release = release
         for fd in (req_r, rep_w, out_w, *close_after):
             os.close(fd)
         os.set_blocking(req_w, False)
@@ -187,6 +193,9 @@ class Submission:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
+        if self._release is not None:
+            self._release()
+            self._release = None
         for fd in (self._req, self._rep):
             try:
                 os.close(fd)
@@ -234,9 +243,9 @@ class Submission:
             self.load_errors, self.load_notes = self._load_report(result)
 
     def _load_report(self, value) -> tuple[list[dict], list[str]]:
-        """The load reply's errors and notes, checked and cut to the limits."""
+        """The load reply's errors and notes, checked and cut to the limits; `load_dropped` counts the rest."""
         n, chars = self.limits.notes, self.limits.note_chars
-        if type(value) is not dict or set(value) != {"errors", "notes"} \
+        if type(value) is not dict or set(value) != {"errors", "notes", "more"} or type(value["more"]) is not int \
                 or type(value["errors"]) is not list or type(value["notes"]) is not list:
             return [], ["the grading process sent a malformed report of loading your code"]
         errors = []
@@ -244,9 +253,8 @@ class Submission:
             if type(e) is dict and type(e.get("line")) is int:
                 errors.append({"cell": _str(e.get("cell"), 100), "line": e["line"], "error": _str(e.get("error"), chars)})
         notes = [_str(x, chars) for x in value["notes"][:n]]
-        for what, items, kept in (("errors", value["errors"], errors), ("notes", value["notes"], notes)):
-            if len(items) > len(kept):
-                notes.append(f"... {len(items) - len(kept)} more {what} while loading not shown")
+        self.load_dropped = (max(value["more"], 0) + len(value["errors"]) - len(errors)
+                             + len(value["notes"]) - len(notes))
         return errors, notes
 
     # requests --------------------------------------------------------------------------

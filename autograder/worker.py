@@ -28,6 +28,7 @@ KEPT = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.C
         ast.Assign, ast.AnnAssign, ast.AugAssign)
 MAGIC_RE = re.compile(r"^\s*[%!]")
 MESSAGE_CHARS = 500
+REPORTED = 100  # load errors and notes sent back, each; the rest are counted
 
 
 def statements(cells: list) -> tuple[list[dict], list[str]]:
@@ -167,7 +168,9 @@ class Worker:
                     raise
                 e = _learner_error(exc)
                 errors.append({"cell": st["cell"], "line": st["line"], "error": f"{e.etype}: {e.message}"})
-        return {"errors": errors, "notes": notes}
+        # The grader keeps a few of each; the rest only as a count (a reply stays small).
+        more = max(len(errors) - REPORTED, 0) + max(len(notes) - REPORTED, 0)
+        return {"errors": errors[:REPORTED], "notes": notes[:REPORTED], "more": more}
 
     def op_seed(self, req):
         import random

@@ -6,7 +6,6 @@ from __future__ import annotations
 import csv
 import json
 import sys
-import time
 from pathlib import Path
 
 from conftest import learner_notebook, mistake, reference_notebook, run_cli, run_json, write
@@ -69,15 +68,14 @@ def test_malformed_notebook_is_reported_not_fatal(tmp_path):
 
 
 BROKEN_HIDDEN_TEST = r'''
-import sys
+import functools, sys
 import autograder.hidden.test_03_qkv as m
 from autograder.cli import main
 real = m.test_sdpa_rows_sum_to_one
-def broken(learner, rng):
-    real(learner, rng)
+@functools.wraps(real)  # the same fixtures, points and title
+def broken(*args, **kwargs):
+    real(*args, **kwargs)
     return [][1]  # a bug in our own test code, after the learner's code passed
-broken.points = real.points
-broken.__doc__ = real.__doc__
 m.test_sdpa_rows_sum_to_one = broken
 raise SystemExit(main(sys.argv[1:]))
 '''

@@ -15,7 +15,7 @@ from pathlib import Path
 import nbformat
 
 from autograder.assignments import ROOT, get_assignment
-from autograder.sandbox import SANDBOX_UID
+from autograder.sandbox import SANDBOX_UIDS
 from conftest import add_cell, learner_notebook, reference_notebook
 
 KEY = "03_qkv"
@@ -442,7 +442,8 @@ def _procs_left() -> list[str]:
         except OSError:
             continue
         uid_line = next((ln for ln in status.splitlines() if ln.startswith("Uid:")), "")
-        if MARKER in cmd or str(SANDBOX_UID) in uid_line.split()[1:2]:
+        real_uid = uid_line.split()[1:2]
+        if MARKER in cmd or (real_uid and int(real_uid[0]) in SANDBOX_UIDS):
             found.append(f"{d.name}: {cmd[:200]}")
     return found
 
