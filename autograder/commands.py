@@ -29,6 +29,7 @@ from pathlib import Path
 
 from .assignments import all_assignments, get_assignment
 from .limits import DEFAULT, Limits
+from .notebook import read_at_most
 from .text import safe, student_id_problem, visible
 
 EXIT_OK, EXIT_NOT_GRADED, EXIT_USAGE, EXIT_GRADER_ERROR = 0, 1, 2, 3
@@ -469,14 +470,8 @@ def read_claim(claim: Claim, limit: int) -> Read:
         if not stat.S_ISREG(st.st_mode):
             return Read(None, problem=KIND_REASONS[_kind(st.st_mode)] + "; not graded")
         h = hashlib.sha256()
-        chunks, total = [], 0
-        while total <= limit:
-            chunk = os.read(fd, min(1 << 20, limit + 1 - total))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            total += len(chunk)
-        data = b"".join(chunks)
+        data = read_at_most(fd, limit)
+        total = len(data)
         h.update(data)
         if total > limit:
             h.update(f"|{st.st_size}|{st.st_mtime_ns}".encode())

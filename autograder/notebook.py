@@ -29,6 +29,18 @@ class ParsedNotebook:
     assignment: str | None = None
 
 
+def read_at_most(fd: int, limit: int) -> bytes:
+    """The bytes of `fd` up to `limit` + 1 (so that a caller sees it was over the limit), no more."""
+    chunks, total = [], 0
+    while total <= limit:
+        chunk = os.read(fd, min(1 << 20, limit + 1 - total))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        total += len(chunk)
+    return b"".join(chunks)
+
+
 def read_bytes(path: Path, limit: int) -> bytes:
     """At most `limit` bytes of a regular file; never blocks on a FIFO or reads a device."""
     try:
@@ -42,16 +54,10 @@ def read_bytes(path: Path, limit: int) -> bytes:
         if st.st_size > limit:
             raise NotebookError(f"{path.name} is {st.st_size / 2**20:.1f} MiB; notebooks over "
                                 f"{limit / 2**20:g} MiB are not graded (clear large outputs first)")
-        chunks, total = [], 0
-        while total <= limit:
-            chunk = os.read(fd, min(1 << 20, limit + 1 - total))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            total += len(chunk)
-        if total > limit:
+        data = read_at_most(fd, limit)
+        if len(data) > limit:
             raise NotebookError(f"{path.name} grew past {limit / 2**20:g} MiB while it was read")
-        return b"".join(chunks)
+        return data
     finally:
         os.close(fd)
 
