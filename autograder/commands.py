@@ -310,41 +310,31 @@ class _Scanner:
     def student_folder(self, base: Path, student: str, parent_fd: int) -> None:
         """DIR/STUDENT/: KEY.ipynb, or KEY/KEY.ipynb (nbgrader)."""
         self.folders.setdefault(student, base / student)
-        where = f"{student}/{self.key}/{self.key}.ipynb or {student}/{self.key}.ipynb"
-        try:
-            fd = os.open(student, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent_fd)
-        except OSError as exc:
-            self.reject(base / student, f"could not be read ({exc.strerror}); not searched", student)
-            return
-        try:
-            for name, st, kind in self._entries(fd):
-                if self._ignored(name, st, kind):
-                    continue
-                if name == f"{self.key}.ipynb":
-                    self.claim(student, base, (student, name), kind, st)
-                elif name == self.key and kind == "dir":
-                    self.key_folder(base, student, fd)
-                else:
-                    self.reject(base / student / name, self._why_not(name, kind, where), student)
-        finally:
-            os.close(fd)
+        self._folder(base, student, (student,), parent_fd, f"{student}/{self.key}/{self.key}.ipynb or "
+                     f"{student}/{self.key}.ipynb", descend=True)
 
     def key_folder(self, base: Path, student: str, parent_fd: int) -> None:
         """DIR/STUDENT/KEY/: KEY.ipynb only."""
-        where = f"{student}/{self.key}/{self.key}.ipynb"
+        self._folder(base, student, (student, self.key), parent_fd, f"{student}/{self.key}/{self.key}.ipynb",
+                     descend=False)
+
+    def _folder(self, base: Path, student: str, rel: tuple, parent_fd: int, where: str, descend: bool) -> None:
+        """Claim `rel`/KEY.ipynb for `student` (and, with `descend`, search `rel`/KEY/); reject the rest."""
         try:
-            fd = os.open(self.key, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent_fd)
+            fd = os.open(rel[-1], os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent_fd)
         except OSError as exc:
-            self.reject(base / student / self.key, f"could not be read ({exc.strerror}); not searched", student)
+            self.reject(base.joinpath(*rel), f"could not be read ({exc.strerror}); not searched", student)
             return
         try:
             for name, st, kind in self._entries(fd):
                 if self._ignored(name, st, kind):
                     continue
                 if name == f"{self.key}.ipynb":
-                    self.claim(student, base, (student, self.key, name), kind, st)
+                    self.claim(student, base, (*rel, name), kind, st)
+                elif descend and name == self.key and kind == "dir":
+                    self.key_folder(base, student, fd)
                 else:
-                    self.reject(base / student / self.key / name, self._why_not(name, kind, where), student)
+                    self.reject(base.joinpath(*rel, name), self._why_not(name, kind, where), student)
         finally:
             os.close(fd)
 
