@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .limits import DEFAULT, Limits
+from .text import safe_list
 
 
 class NotebookError(ValueError):
@@ -204,11 +205,6 @@ def audit_cells(nb: ParsedNotebook, ref_cells: dict[str, dict], limits: Limits =
 
 
 def cap(items: list[str], limits: Limits, what: str = "notes", dropped: int = 0) -> list[str]:
-    """At most `limits.notes` items of at most `limits.note_chars` characters, and a count of the
-    rest (plus `dropped`, items already left out before)."""
-    n, chars = limits.notes, limits.note_chars
-    out = [s if len(s) <= chars else s[: chars - 1] + "…" for s in items[:n]]
-    more = max(len(items) - n, 0) + dropped
-    if more:
-        out.append(f"… {more} more {what}")
-    return out
+    """At most `limits.notes` items of at most `limits.note_chars` characters (escaped), and a
+    count of the rest (plus `dropped`, items already left out before)."""
+    return safe_list(items, limits.notes, limits.note_chars, f"more {what}", dropped)

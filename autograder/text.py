@@ -65,12 +65,14 @@ def safe(text, limit: int) -> str:
     return "".join(out)
 
 
-def safe_list(items, count: int, chars: int, what: str = "more") -> list[str]:
-    """At most `count` items, each `safe`, and a last item counting the rest ("… N more")."""
+def safe_list(items, count: int, chars: int, what: str = "more", dropped: int = 0) -> list[str]:
+    """At most `count` items, each `safe`, and a last item counting the rest ("… N more"),
+    `dropped` items already left out before included."""
     items = list(items) if not isinstance(items, list) else items
     out = [safe(s, chars) for s in items[:count]]
-    if len(items) > count:
-        out.append(f"{ELLIPSIS} {len(items) - count:,} {what}")
+    more = max(len(items) - count, 0) + dropped
+    if more:
+        out.append(f"{ELLIPSIS} {more:,} {what}")
     return out
 
 
