@@ -8,7 +8,10 @@ regions, test cells carry ``grade: true`` and their points. Two shorthands keep 
   ``:grader: tests PART POINTS`` expands to the full nbgrader metadata (see
   ``GRADER_FORMS``); the long ``nbgrader:`` YAML block still works;
 * a line ``<!-- instructions -->`` is replaced by the shared learner instructions,
-  ``exercises/source/_instructions.md``, with ``{key}`` set to the chapter key.
+  ``exercises/source/_instructions.md``, with ``{key}`` set to the chapter key;
+* a code line ``# from exercise KEY: NAME`` is replaced by the reference definition of
+  ``NAME`` (a function or class) from exercise KEY's master, so that a later exercise
+  gives the learner an earlier answer, locked, without a second copy to keep in step.
 
 From it we write
 
@@ -22,6 +25,7 @@ Both are generated files: ``generate --check`` fails when a committed one is sta
 
 from __future__ import annotations
 
+import ast
 import copy
 import difflib
 import re
@@ -45,6 +49,7 @@ from .assignments import ROOT, Assignment, all_assignments
 MARKER_RE = re.compile(r"^\s*### (BEGIN|END) (SOLUTION|HIDDEN TESTS)\s*$")
 INSTRUCTIONS = ROOT / "exercises" / "source" / "_instructions.md"
 INCLUDE_RE = re.compile(r"^<!-- instructions -->[ \t]*\n?", flags=re.M)
+REUSE_RE = re.compile(r"^# from exercise (\S+): (\S+)[ \t]*$", flags=re.M)
 NAME_RE = re.compile(r"^[A-Za-z0-9_-]+$")
 POINTS_RE = re.compile(r"^(?:\d+|\d*\.\d+)$")
 # `:grader: FORM ARGS...` -> nbgrader metadata (the grade_id and points come from ARGS).
@@ -63,7 +68,7 @@ class MasterError(ValueError):
     """The master notebook breaks a rule of the source format."""
 
 
-def read_master(assignment: Assignment) -> nbformat.NotebookNode:
+def read_master(assignment: Assignment, _including: tuple[str, ...] = ()) -> nbformat.NotebookNode:
     """The master as an nbformat notebook with deterministic cell ids."""
     text = include_instructions(assignment, assignment.master.read_text(encoding="utf-8"))
     nb = read_myst_markdown_notebook(text)
@@ -71,6 +76,8 @@ def read_master(assignment: Assignment) -> nbformat.NotebookNode:
     for i, cell in enumerate(nb.cells):
         if "grader" in cell.metadata:
             expand_grader_option(assignment, i, cell)
+        if cell.cell_type == "code" and REUSE_RE.search(cell.source):
+            cell.source = include_definitions(assignment, cell.source, (*_including, assignment.key))
         meta = cell.metadata.get("nbgrader")
         cell_id = meta["grade_id"] if meta and "grade_id" in meta else f"cell-{i:03d}"
         if cell_id in seen:
@@ -96,6 +103,32 @@ def include_instructions(assignment: Assignment, text: str) -> str:
     if not shared.endswith("\n"):
         shared += "\n"
     return INCLUDE_RE.sub(lambda _: shared, text)
+
+
+def include_definitions(assignment: Assignment, source: str, including: tuple[str, ...]) -> str:
+    """A code cell's text with each ``# from exercise KEY: NAME`` line replaced by the reference
+    definition of NAME in exercise KEY (its solution markers removed)."""
+    from .assignments import get_assignment
+
+    def definition(match: re.Match) -> str:
+        key, name = match.group(1), match.group(2)
+        where = f"{assignment.master}: '# from exercise {key}: {name}'"
+        if key in including:
+            raise MasterError(f"{where}: exercises include each other ({' -> '.join((*including, key))})")
+        try:
+            other = get_assignment(key)
+        except KeyError as exc:
+            raise MasterError(f"{where}: {exc.args[0]}") from None
+        module = solutions_module(other, read_master(other, including))
+        for node in ast.parse(module).body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name == name:
+                first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+                lines = module.splitlines()[first - 1: node.end_lineno]
+                return (f"# Exercise {key}'s reference `{name}`, included from {_rel(other.master)}.\n"
+                        + "\n".join(lines))
+        raise MasterError(f"{where}: exercise {key} defines no function or class {name!r}")
+
+    return REUSE_RE.sub(definition, source)
 
 
 def expand_grader_option(assignment: Assignment, index: int, cell: nbformat.NotebookNode) -> None:

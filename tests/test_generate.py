@@ -192,6 +192,50 @@ def test_instructions_are_included_with_the_chapter_key(tmp_path, monkeypatch):
         read_master(_demo(tmp_path, body, key="42_demo"))
 
 
+def test_an_earlier_answer_is_included_from_its_master(tmp_path):
+    """Does `# from exercise KEY: NAME` become exercise KEY's reference definition, word for word?"""
+    import inspect
+
+    import solutions.ch03_qkv as ch03
+
+    body = _cell(":grader: locked setup\n:tags: [export]\n",
+                 "import math\n\n# from exercise 03_qkv: scaled_dot_product_attention\nx = 1")
+    code = read_master(_demo(tmp_path, body)).cells[1].source
+    expected = inspect.getsource(ch03.scaled_dot_product_attention).rstrip("\n")
+    assert code == ("import math\n\n# Exercise 03_qkv's reference `scaled_dot_product_attention`, included from "
+                    "exercises/source/03_qkv.md.\n" + expected + "\nx = 1")
+    assert "### BEGIN SOLUTION" not in code
+
+
+@pytest.mark.parametrize("key", ["04_self_attention", "05_multi_head"])
+def test_later_exercises_give_exercise_03s_attention_unchanged(key):
+    """Do the reference modules that reuse exercise 03's attention hold exactly its reference code?"""
+    import importlib
+    import inspect
+
+    import solutions.ch03_qkv as ch03
+
+    mod = importlib.import_module(f"solutions.ch{key}")
+    assert inspect.getsource(mod.scaled_dot_product_attention) == inspect.getsource(ch03.scaled_dot_product_attention)
+
+
+@pytest.mark.parametrize("line, words", [
+    ("# from exercise 98_nothing: f", "unknown assignment '98_nothing'"),
+    ("# from exercise 03_qkv: no_such_name", "defines no function or class 'no_such_name'"),
+    ("# from exercise 99_demo: f", "exercises include each other (99_demo -> 99_demo)"),
+])
+def test_a_bad_include_is_refused_naming_the_master(tmp_path, monkeypatch, line, words):
+    """Is an include of an unknown exercise or name, or of itself, refused with the master's name?"""
+    import autograder.assignments as assignments
+
+    demo = _demo(tmp_path, _cell(":grader: locked setup\n", "def f():\n    return 1\n" + line))
+    real = assignments.get_assignment
+    monkeypatch.setattr(assignments, "get_assignment", lambda key: demo if key == demo.key else real(key))
+    with pytest.raises(MasterError) as err:
+        read_master(demo)
+    assert str(demo.master) in str(err.value) and words in str(err.value)
+
+
 @pytest.mark.parametrize("assignment", ASSIGNMENTS, ids=KEYS)
 def test_learner_notebook_carries_the_shared_instructions(assignment):
     """Does each master include the shared instructions once, and its learner notebook show them for its own key?"""
