@@ -1,0 +1,1205 @@
+"""Hidden tests for exercise 06_transformer: LayerNorm, the feed-forward network, encoder and
+decoder layers (post-LN and pre-LN, with a KV cache), masks, the model and greedy decoding.
+
+The layers are graded holding the reference's weights and compared with the same
+computation done here in float64. A layer calls the learner's own LayerNorm and FeedForward
+(parts 1 and 2): when those are wrong, a layer that is right given them still earns its
+part (the computation is redone here with the learner's parts), and a layer that is wrong
+too is told to fix them first. The model (part 6) is judged the same way against the
+learner's own layers, and greedy decoding (part 7) against the learner's own model: each
+part earns its points for what it does itself.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from autograder.hidden.support import (Hint, close, diagnose, expect, expect_device_agnostic, expect_grads,
+                                       learner_grads, learner_module, points, random_mask, tensor)
+from autograder.runner import LearnerError, MissingName, NotImplementedRemote
+
+F32, F64 = torch.float32, torch.float64
+PAD, SOS, EOS = 0, 1, 2
+
+# --- hints ----------------------------------------------------------------------------------
+
+LN_GENERIC = ("`LayerNorm` differs from nn.LayerNorm: subtract the mean over the last dimension, divide by "
+              "sqrt(variance + eps), then multiply by weight and add bias.")
+LN_UNBIASED = ("`LayerNorm` uses the unbiased variance (divided by D - 1): layer normalisation divides by D "
+               "(x.var(-1, unbiased=False, keepdim=True), or the mean of the squared deviations).")
+LN_EPS_OUTSIDE = "`LayerNorm` adds eps outside the square root: divide by sqrt(variance + eps)."
+LN_NO_EPS = "`LayerNorm` ignores eps: divide by sqrt(variance + self.eps)."
+LN_NO_AFFINE = "`LayerNorm` does not apply its gain and shift: multiply by self.weight, then add self.bias."
+LN_WRONG_DIM = "`LayerNorm` normalises over the wrong dimension: use the last one (dim=-1, keepdim=True)."
+LN_GRAD = "`LayerNorm`'s gradients differ from nn.LayerNorm's: is part of it detached or computed outside PyTorch?"
+LN_HALF = "`LayerNorm` is far from nn.LayerNorm in float16 or bfloat16, or changes the dtype of its input."
+
+FF_GENERIC = "`FeedForward` differs from linear2(dropout(relu(linear1(x))))."
+FF_NO_RELU = "`FeedForward` has no ReLU between linear1 and linear2."
+FF_RELU_AFTER = "`FeedForward` applies ReLU after linear2 too: the output layer is linear."
+FF_SWAPPED = "`FeedForward` applies ReLU before linear1: the order is linear1, ReLU, dropout, linear2."
+FF_DROP_EVAL = "`FeedForward` drops units in eval mode: use self.dropout (an nn.Dropout), which eval() turns off."
+FF_DROP_PLACE = ("`FeedForward` applies dropout in the wrong place: after the activation, before linear2 "
+                 "(so that with p=1 only linear2's bias is left).")
+FF_NO_DROP = "`FeedForward` never drops anything in training mode: apply self.dropout after the ReLU."
+
+LAYER_GENERIC = "`{}` differs from the reference with the same weights ({})."
+NORM_FIRST_IGNORED = ("`{}` computes the same thing whatever norm_first says: post-LN (norm_first=False) is "
+                      "x = norm(x + sublayer(x)); pre-LN (norm_first=True) is x = x + sublayer(norm(x)).")
+NORM_FIRST_INVERTED = "`{}` swaps the two norm placements: norm_first=True is pre-LN, x = x + sublayer(norm(x))."
+PRE_RESIDUAL_NORMED = ("In pre-LN, `{}` adds the residual after the norm: the residual stream must be the "
+                       "un-normalised x, x = x + sublayer(norm(x)), not norm(x) + sublayer(norm(x)).")
+PRE_STREAM_NORMED = ("In pre-LN, `{}` also normalises the residual stream: only the sublayer's input is "
+                     "normalised, x = x + sublayer(norm(x)), with no norm around the sum.")
+POST_NORM_INSIDE = ("In post-LN, `{}` normalises the sublayer's input instead of the sum: post-LN is "
+                    "x = norm(x + sublayer(x)).")
+MASK_IGNORED = "`{}` ignores {}: pass it to the attention as its mask."
+SELF_MASK_IN_CROSS = ("`DecoderLayer` uses the target mask in cross-attention: cross-attention takes "
+                      "memory_mask (the source's padding), self-attention tgt_mask.")
+CROSS_FROM_X = ("`DecoderLayer`'s cross-attention takes its keys and values from x: they come from memory, "
+                "the queries from the target.")
+NORMS_SWAPPED = "`DecoderLayer` uses its norms in the wrong order: norm1 for self-attention, norm2 for " \
+                "cross-attention, norm3 for the feed-forward network."
+CACHE_AXIS = ("`DecoderLayer` grows the cache along the wrong axis: concatenate the earlier keys and values "
+              "with the new ones along the positions, dim=2 of (B, H, T, d_head).")
+CACHE_ORDER = "`DecoderLayer` puts the new keys and values before the cached ones: the earlier positions come first."
+CACHE_IGNORED = ("`DecoderLayer` ignores the cache: the new positions must attend to the cached keys and values "
+                 "of the earlier positions, concatenated before their own.")
+CACHE_NOT_EXTENDED = ("`DecoderLayer` must return (x, (k_all, v_all)) with the cache extended: k_all holds the "
+                      "cached keys followed by the new ones, (B, H, T_past + T_new, d_head).")
+CACHE_VALUES = ("`DecoderLayer` returns the wrong keys or values in its cache: k_all = cat(k_past, k_new) with "
+                "k_new = split_heads(self_attn.W_k(h)), h the self-attention sublayer's input.")
+CAUSAL_LEAK = ("`DecoderLayer`'s output at position t changes when later target positions change under a causal "
+               "mask: pass tgt_mask to the self-attention.")
+PADDING_LEAK = ("`EncoderLayer`'s outputs at real positions change when the padded positions change: pass "
+                "src_mask to the self-attention.")
+FIX_PART = " Your {} (part {}) {} too: fix it first."
+
+SRC_MASK_GENERIC = "`make_src_mask` must be True exactly where src != pad_id, shaped (B, 1, 1, S)."
+SRC_MASK_INVERTED = "`make_src_mask` is inverted: True marks the real tokens, which may be attended to."
+TGT_MASK_GENERIC = ("`make_tgt_mask` must be True where key j <= query i and key j is not padding, shaped "
+                    "(B, 1, T, T).")
+TGT_NO_PAD = "`make_tgt_mask` is causal but ignores padding: combine it (&) with the padding of the keys."
+TGT_NO_CAUSAL = "`make_tgt_mask` masks padding but is not causal: combine it (&) with a lower-triangular mask."
+TGT_UPPER = "`make_tgt_mask` is upper-triangular: query i may attend to keys j <= i (tril, not triu)."
+TGT_PAD_QUERIES = "`make_tgt_mask` masks the padded queries (rows) instead of the padded keys (columns)."
+MASK_PAD_ID = "`{}` ignores pad_id: compare with the pad_id it is given, not 0."
+
+PADDING_CHANGES = ("Padding the source changes the logits: build src_mask with make_src_mask(src) and pass it to the "
+                   "encoder layers and, as memory_mask, to the decoder layers.")
+MODEL_GENERIC = "`Transformer.{}` differs from the reference with the same weights."
+NO_SCALE = "The embeddings are not multiplied by sqrt(d_model) before the positions are added."
+SCALE_AFTER = "The positions are scaled by sqrt(d_model) too: scale the embeddings, then add the positions."
+FINAL_NORM_MISSING = "In pre-LN the stack's output is not normalised: apply enc_norm to the encoder's output " \
+                     "and dec_norm to the decoder's output when norm_first is True."
+FINAL_NORM_POST = "In post-LN the final enc_norm and dec_norm must not be applied: the layers end with a norm already."
+NO_SRC_MASK_CROSS = "`decode` does not pass src_mask to the decoder layers (as memory_mask): padding leaks into " \
+                    "cross-attention."
+NO_SRC_MASK_ENC = "`encode` does not pass src_mask to the encoder layers: padding leaks into self-attention."
+FWD_NO_CAUSAL = "`forward` does not mask future target positions: build tgt_mask with make_tgt_mask(tgt_in)."
+OFFSET_IGNORED = ("`decode` ignores offset: the positions restart at 0 for each new token. Pass it on: "
+                  "self.pos(..., offset=offset).")
+CACHES_IGNORED = "`decode` does not give each decoder layer its cache: pass caches[i] to layer i."
+DECODE_RETURN = "`decode` must return (logits (B, T, tgt_vocab), a list with one (k, v) cache per decoder layer)."
+FIX_LAYERS = " Your {} (part {}) is wrong too: fix it first."
+
+GR_TYPE = "`{}` must return a torch.long tensor of token ids (B, L), L <= max_len."
+GR_GENERIC = ("`{}` differs from feeding back the argmax of the last position's logits at every step with your "
+              "Transformer.")
+GR_WITH_SOS = "`{}` returns the sos column: return only the generated tokens, as in exercise 01."
+GR_NO_PAD = "`{}` does not fill the positions after a row's eos with pad."
+GR_NO_STOP = "`{}` does not stop as soon as every row has produced eos."
+GR_ANY_STOP = "`{}` stops when the first row produces eos: stop when every row has."
+GR_STEPS = "`{}` takes one step too few or too many: at most max_len steps, one token each."
+GR_FIRST_POS = "`{}` takes the argmax of the first position's logits: the next token comes from the last position."
+GR_SPECIAL = "`{}` ignores its sos, eos or pad arguments: use the values passed."
+GR_OFFSET = ("`greedy_decode_cached` feeds every new token at position 0: pass offset=t, the position of the "
+             "token fed at step t.")
+GR_NO_CACHE = ("`greedy_decode_cached` does not pass the caches of the previous step back in: each step's new "
+               "token must attend to the keys and values of all the earlier ones.")
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+def _randn(rng, *shape, scale=1.0):
+    return torch.randn(*shape, generator=rng, dtype=F64) * scale
+
+
+def _randint(rng, lo, hi):
+    return int(torch.randint(lo, hi + 1, (), generator=rng))
+
+
+def _tokens(rng, lo, hi, shape):
+    return torch.randint(lo, hi + 1, shape, generator=rng)
+
+
+def _r(t):
+    """`t` rounded to float32 and back: the learner's float32 module then holds exactly these values."""
+    return t.float().double()
+
+
+def _state(rng, module):
+    """Random float64 weights (float32 values) for `module`'s state dict: norms near 1, everything else small."""
+    sd = {}
+    for n, p in module.state_dict().items():
+        if n.endswith("pe"):
+            sd[n] = p.double()
+        elif "norm" in n and n.endswith("weight"):
+            sd[n] = 1.0 + _randn(rng, *p.shape, scale=0.3)
+        elif p.dim() == 1:
+            sd[n] = _randn(rng, *p.shape, scale=0.3)
+        else:
+            sd[n] = _randn(rng, *p.shape, scale=1.2 / math.sqrt(p.shape[-1]))
+    return {n: _r(v) for n, v in sd.items()}
+
+
+def _sub(sd, prefix):
+    return {n[len(prefix):]: v for n, v in sd.items() if n.startswith(prefix)}
+
+
+def _lin(sd, name, x):
+    return F.linear(x, sd[f"{name}.weight"], sd[f"{name}.bias"])
+
+
+class _Parts:
+    """LayerNorm, FeedForward and attention for the computations done here: the reference's, or (`learner`
+    given) the learner's LayerNorm and FeedForward, run in the worker in float64 with the given weights."""
+
+    def __init__(self, reference, learner=None):
+        self.reference, self.learner, self.handles = reference, learner, {}
+
+    def _handle(self, cls, *args):
+        key = (cls, *args)
+        if key not in self.handles:
+            h = getattr(self.learner, cls)(*args)
+            h.to(F64)
+            h.eval()
+            self.handles[key] = h
+        return self.handles[key]
+
+    def norm(self, sd, name, x, *, unbiased=False):
+        w, b = sd[f"{name}.weight"], sd[f"{name}.bias"]
+        if self.learner is None:
+            if unbiased:
+                mean, var = x.mean(-1, keepdim=True), x.var(-1, keepdim=True)
+                return (x - mean) / torch.sqrt(var + 1e-5) * w + b
+            return F.layer_norm(x, (x.shape[-1],), w, b, 1e-5)
+        h = self._handle("LayerNorm", x.shape[-1])
+        h.load_state_dict({"weight": w, "bias": b})
+        return tensor(h(x), "LayerNorm", shape=x.shape)
+
+    def ff(self, sd, name, x):
+        if self.learner is None:
+            return _lin(sd, f"{name}.linear2", F.relu(_lin(sd, f"{name}.linear1", x)))
+        w1 = sd[f"{name}.linear1.weight"]
+        h = self._handle("FeedForward", w1.shape[1], w1.shape[0])
+        h.load_state_dict(_sub(sd, f"{name}."))
+        return tensor(h(x), "FeedForward", shape=x.shape)
+
+    def project(self, sd, name, x, H):
+        return self.reference.split_heads(_lin(sd, name, x), H)  # (B, H, T, d_head)
+
+    def mha(self, sd, name, query, key, mask, H):
+        q = self.project(sd, f"{name}.W_q", query, H)
+        k = self.project(sd, f"{name}.W_k", key, H)
+        v = self.project(sd, f"{name}.W_v", key, H)
+        out, _ = self.reference.scaled_dot_product_attention(q, k, v, mask)
+        return _lin(sd, f"{name}.W_o", self.reference.merge_heads(out))
+
+
+def _at(mistake, i):
+    """The mistake `name` or `name@i` as it applies to sublayer i (None where it does not)."""
+    if mistake is None or "@" not in mistake:
+        return mistake
+    name, where = mistake.split("@")
+    return name if where == str(i) else None
+
+
+def _residual(parts, sd, x, norm, sublayer, norm_first, mistake, i=0):
+    """One Add & Norm block around `sublayer` (a function of the normalised or raw input), sublayer `i`."""
+    mistake = _at(mistake, i)
+    n = lambda y: parts.norm(sd, norm, y, unbiased=mistake == "unbiased")  # noqa: E731
+    pre = norm_first != (mistake == "inverted") if mistake != "ignored" else False
+    if pre:
+        h = n(x)
+        if mistake == "pre_residual_normed":
+            return h + sublayer(h)
+        if mistake == "pre_stream_normed":
+            return n(x + sublayer(h))
+        return x + sublayer(h)
+    if mistake == "post_norm_inside":
+        return x + sublayer(n(x))
+    return n(x + sublayer(x))
+
+
+def _encoder(parts, sd, x, mask, H, norm_first, mistake=None):
+    """The encoder layer, computed here; `mistake` names a typical mistake."""
+    attn_mask = None if mistake == "mask_ignored" else mask
+    x = _residual(parts, sd, x, "norm1", lambda h: parts.mha(sd, "self_attn", h, h, attn_mask, H), norm_first,
+                  mistake, 0)
+    return _residual(parts, sd, x, "norm2", lambda h: parts.ff(sd, "ff", h), norm_first, mistake, 1)
+
+
+def _decoder(parts, sd, x, memory, tgt_mask, memory_mask, cache, H, norm_first, mistake=None):
+    """(x, (k_all, v_all)) of the decoder layer, computed here; `mistake` names a typical mistake."""
+    kv = {}
+
+    def self_attn(h):
+        q = parts.project(sd, "self_attn.W_q", h, H)
+        k = parts.project(sd, "self_attn.W_k", h, H)
+        v = parts.project(sd, "self_attn.W_v", h, H)
+        if cache is not None and mistake != "cache_ignored":
+            if mistake == "cache_order":
+                k, v = torch.cat([k, cache[0]], 2), torch.cat([v, cache[1]], 2)
+            else:
+                k, v = torch.cat([cache[0], k], 2), torch.cat([cache[1], v], 2)  # (B, H, T_all, d_head)
+        kv["k"], kv["v"] = k, v
+        mask = None if mistake == "tgt_mask_ignored" else tgt_mask
+        out, _ = parts.reference.scaled_dot_product_attention(q, k, v, mask)
+        return _lin(sd, "self_attn.W_o", parts.reference.merge_heads(out))
+
+    def cross_attn(h):
+        mask = {"memory_mask_ignored": None, "self_mask_in_cross": tgt_mask}.get(mistake, memory_mask)
+        source = h if mistake == "cross_from_x" else memory
+        return parts.mha(sd, "cross_attn", h, source, mask, H)
+
+    norms = ("norm2", "norm1", "norm3") if mistake == "norms_swapped" else ("norm1", "norm2", "norm3")
+    x = _residual(parts, sd, x, norms[0], self_attn, norm_first, mistake, 0)
+    x = _residual(parts, sd, x, norms[1], cross_attn, norm_first, mistake, 1)
+    x = _residual(parts, sd, x, norms[2], lambda h: parts.ff(sd, "ff", h), norm_first, mistake, 2)
+    return x, (kv["k"], kv["v"])
+
+
+PLACEMENT = ["pre_residual_normed", "pre_stream_normed", "post_norm_inside"]
+COMMON = (["ignored", "inverted"] + PLACEMENT + [f"{m}@{i}" for m in PLACEMENT for i in range(3)])
+COMMON_HINTS = {"ignored": NORM_FIRST_IGNORED, "inverted": NORM_FIRST_INVERTED,
+                "pre_residual_normed": PRE_RESIDUAL_NORMED, "pre_stream_normed": PRE_STREAM_NORMED,
+                "post_norm_inside": POST_NORM_INSIDE, "unbiased": LN_UNBIASED}
+
+
+def _parts_trouble(learner, reference, rng, D, d_ff):
+    """[(name, part, what)] for the learner's LayerNorm and FeedForward that are wrong or cannot run."""
+    trouble = []
+    x = _randn(rng, 2, 3, D)
+    ln, ff = reference.LayerNorm(D), reference.FeedForward(D, d_ff)
+    for cls, part, ref in (("LayerNorm", 1, ln), ("FeedForward", 2, ff)):
+        sd = _state(rng, ref)
+        ref.load_state_dict(sd)
+        try:
+            h = getattr(learner, cls)(*((D,) if cls == "LayerNorm" else (D, d_ff)))
+            h.to(F64)
+            h.eval()
+            h.load_state_dict(sd)
+            got = h(x)
+        except NotImplementedRemote:
+            trouble.append((cls, part, "is not implemented yet"))
+            continue
+        except (LearnerError, MissingName):
+            trouble.append((cls, part, "fails"))
+            continue
+        if not close(got, ref.double()(x).detach()):
+            trouble.append((cls, part, "is wrong"))
+    return trouble
+
+
+class _Layer:
+    """The learner's EncoderLayer or DecoderLayer (a handle, float64, eval mode) holding random weights that
+    the computations here use too."""
+
+    def __init__(self, learner, reference, rng, kind, D, H, d_ff, norm_first):
+        self.kind, self.D, self.H, self.d_ff, self.norm_first = kind, D, H, d_ff, norm_first
+        ref = getattr(reference, kind)(D, H, d_ff, 0.0, norm_first)
+        self.sd = _state(rng, ref)
+        ref.load_state_dict(self.sd)
+        self.mod = learner_module(learner, kind, ref, D, H, d_ff, 0.0, norm_first)
+        self.mod.to(F64)
+        self.mod.eval()
+        self.learner, self.reference, self.rng = learner, reference, rng
+        self.trouble = None  # found when needed
+
+    def compute(self, parts, *args, mistake=None):
+        if self.kind == "EncoderLayer":
+            return _encoder(parts, self.sd, *(args + (None,))[:2], self.H, self.norm_first, mistake)
+        return _decoder(parts, self.sd, *args, self.H, self.norm_first, mistake)
+
+    def _trouble(self):
+        if self.trouble is None:
+            self.trouble = _parts_trouble(self.learner, self.reference, self.rng, self.D, self.d_ff)
+        return self.trouble
+
+    def run(self, *args):
+        """The learner's result, checked for type and shape; a failure caused by an unfinished part says so."""
+        try:
+            got = self.mod(*args)
+        except (LearnerError, NotImplementedRemote) as failure:
+            broken = [t for t in self._trouble() if t[2] != "is wrong"]
+            if broken:
+                name, part, what = broken[0]
+                if isinstance(failure, NotImplementedRemote) and what == "is not implemented yet":
+                    raise Hint(f"`{self.kind}` cannot run: it, or your {name} (part {part}), which it uses, is not "
+                               "implemented yet.") from None
+                raise Hint(f"`{self.kind}` cannot run: your {name} (part {part}), which it uses, {what}. Fix it "
+                           "first.") from None
+            if (isinstance(failure, LearnerError) and self.kind == "DecoderLayer"
+                    and self._runs_with_equal_lengths(*args)):
+                raise Hint(SELF_MASK_IN_CROSS) from None
+            raise
+        x = args[0]
+        if self.kind == "EncoderLayer":
+            return tensor(got, "EncoderLayer", shape=x.shape, dtype=F64, what="its output (B, S, D)")
+        expect(isinstance(got, (tuple, list)) and len(got) == 2, "`DecoderLayer` must return a pair (x, cache).")
+        out, cache = got
+        tensor(out, "DecoderLayer", shape=x.shape, dtype=F64, what="its output (B, T_new, D)")
+        expect(isinstance(cache, (tuple, list)) and len(cache) == 2, CACHE_NOT_EXTENDED)
+        return out, tuple(cache)
+
+    def _runs_with_equal_lengths(self, x, memory, tgt_mask, memory_mask, cache):
+        """Whether the failing call runs when memory is as long as the keys of self-attention (a target mask
+        used in cross-attention fails only when the lengths differ)."""
+        T_all = x.shape[1] + (0 if cache is None else cache[0].shape[2])
+        if tgt_mask is None or memory.shape[1] == T_all:
+            return False
+        mem = _randn(self.rng, memory.shape[0], T_all, memory.shape[2])
+        try:
+            self.mod(x, mem, tgt_mask, None, cache)
+        except (LearnerError, NotImplementedRemote):
+            return False
+        return True
+
+    def check(self, *args, mistakes=(), got=None, what="its output", expected=None):
+        """Pass when the learner's result is the reference's, or what the learner's own LayerNorm and
+        FeedForward give; fail with the matching mistake's hint otherwise."""
+        got = self.run(*args) if got is None else got
+        ref_parts = _Parts(self.reference)
+        expected = self.compute(ref_parts, *args) if expected is None else expected
+        out = got if self.kind == "EncoderLayer" else got[0]
+        exp_out = expected if self.kind == "EncoderLayer" else expected[0]
+        if close(out, exp_out):
+            return got
+        trouble = [t for t in self._trouble() if t[2] == "is wrong"]
+        parts = _Parts(self.reference, self.learner) if trouble else ref_parts
+        if trouble:
+            mine = self.compute(parts, *args)
+            if close(out, mine if self.kind == "EncoderLayer" else mine[0]):
+                return got
+        also = "".join(FIX_PART.format(n, p, w) for n, p, w in trouble)
+        table = []
+        for m in mistakes:
+            hint = COMMON_HINTS.get(m.split("@")[0])
+            hint = hint.format(self.kind) if hint and "{}" in hint else hint
+            r = (lambda m=m: self.compute(parts, *args, mistake=m))
+            table.append((hint or MISTAKE_HINTS[m], (lambda r=r: r() if self.kind == "EncoderLayer" else r()[0])))
+        generic = LAYER_GENERIC.format(self.kind, what)
+        raise Hint(diagnose(out, table, generic, same=lambda a, b: close(a, b, rtol=1e-6, atol=1e-8)) + also)
+
+
+MISTAKE_HINTS = {
+    "mask_ignored": MASK_IGNORED.format("EncoderLayer", "src_mask"),
+    "tgt_mask_ignored": MASK_IGNORED.format("DecoderLayer", "tgt_mask in self-attention"),
+    "memory_mask_ignored": MASK_IGNORED.format("DecoderLayer", "memory_mask in cross-attention"),
+    "self_mask_in_cross": SELF_MASK_IN_CROSS,
+    "cross_from_x": CROSS_FROM_X,
+    "norms_swapped": NORMS_SWAPPED,
+    "cache_order": CACHE_ORDER,
+    "cache_ignored": CACHE_IGNORED,
+}
+ENC_MISTAKES = COMMON + ["mask_ignored"]
+DEC_MISTAKES = COMMON + ["tgt_mask_ignored", "memory_mask_ignored", "self_mask_in_cross", "cross_from_x",
+                         "norms_swapped"]
+
+
+# --- Part 1: LayerNorm (3 points) ------------------------------------------------------------
+
+def _ln_case(learner, reference, rng, D, dtype=F64):
+    ref = reference.LayerNorm(D)
+    sd = {"weight": _r(1.0 + _randn(rng, D, scale=0.3)), "bias": _r(_randn(rng, D, scale=0.3))}
+    ref.load_state_dict(sd)
+    h = learner_module(learner, "LayerNorm", ref, D)
+    h.to(dtype)
+    return h, sd
+
+
+def _ln_mistakes(x, w, b):
+    D = x.shape[-1]
+    mean = x.mean(-1, keepdim=True)
+    return [
+        (LN_UNBIASED, lambda: (x - mean) / torch.sqrt(x.var(-1, keepdim=True) + 1e-5) * w + b),
+        (LN_EPS_OUTSIDE, lambda: (x - mean) / (x.var(-1, unbiased=False, keepdim=True).sqrt() + 1e-5) * w + b),
+        (LN_NO_EPS, lambda: (x - mean) / x.var(-1, unbiased=False, keepdim=True).sqrt() * w + b),
+        (LN_NO_AFFINE, lambda: F.layer_norm(x, (D,), eps=1e-5)),
+        (LN_WRONG_DIM, lambda: ((x - x.mean(0, keepdim=True)) / torch.sqrt(x.var(0, unbiased=False, keepdim=True)
+                                                                            + 1e-5) * w + b) if x.dim() > 1 else None),
+    ]
+
+
+@points(1.5, part="layer_norm")
+def test_layer_norm_matches_torch(learner, reference, rng):
+    """Does LayerNorm compute what nn.LayerNorm computes, for any leading shape, in float32 and float64?"""
+    for shape, dtype in (((2, 3, 8), F64), ((5, 16), F64), ((2, 2, 3, 4), F32), ((7, 6), F32)):
+        D = shape[-1]
+        h, sd = _ln_case(learner, reference, rng, D, dtype)
+        # Features of very different sizes: the eps and the variance's divisor show.
+        x = _randn(rng, *shape) * (0.05 + 3 * torch.rand(shape[:-1] + (1,), generator=rng, dtype=F64))
+        x[..., 0] += 2.0
+        got = tensor(h(x.to(dtype)), "LayerNorm", shape=shape, dtype=dtype, what="its output")
+        expected = F.layer_norm(x, (D,), sd["weight"], sd["bias"], 1e-5)
+        if not close(got, expected.to(dtype)):
+            raise Hint(diagnose(got, _ln_mistakes(x, sd["weight"], sd["bias"]), LN_GENERIC,
+                                same=lambda a, b: close(a, b.to(a.dtype), rtol=1e-3, atol=1e-4)))
+    # A small variance: eps matters.
+    h, sd = _ln_case(learner, reference, rng, 4)
+    x = 1e-3 * _randn(rng, 3, 4)
+    got = tensor(h(x), "LayerNorm", shape=(3, 4), dtype=F64)
+    expected = F.layer_norm(x, (4,), sd["weight"], sd["bias"], 1e-5)
+    if not close(got, expected):
+        raise Hint(diagnose(got, _ln_mistakes(x, sd["weight"], sd["bias"]), LN_GENERIC))
+
+
+@points(1, part="layer_norm")
+def test_layer_norm_gradients(learner, reference, rng):
+    """Do LayerNorm's gradients (input, weight, bias) match nn.LayerNorm's?"""
+    D = 6
+    h, sd = _ln_case(learner, reference, rng, D)
+    x = _randn(rng, 3, 4, D, scale=2.0)
+    got = tensor(h(x), "LayerNorm", shape=x.shape, dtype=F64)
+    if not close(got, F.layer_norm(x, (D,), sd["weight"], sd["bias"], 1e-5)):
+        raise Hint(diagnose(got, _ln_mistakes(x, sd["weight"], sd["bias"]), LN_GENERIC))
+    cot = _randn(rng, *x.shape)
+    res = learner_grads(learner, h, x, cotangents=(cot,), params=True, what="LayerNorm")
+    xs = x.clone().requires_grad_(True)
+    w, b = sd["weight"].clone().requires_grad_(True), sd["bias"].clone().requires_grad_(True)
+    expected = torch.autograd.grad(F.layer_norm(xs, (D,), w, b, 1e-5), [xs, w, b], cot)
+    got = [res.arg_grads[0] if res.arg_grads else None, res.param_grads.get("weight"), res.param_grads.get("bias")]
+    expect_grads(got, expected, ["the input", "weight", "bias"], hint=LN_GRAD)
+
+
+@points(0.5, part="layer_norm")
+def test_layer_norm_half_precision_and_devices(learner, reference, rng):
+    """Does LayerNorm keep float16 and bfloat16 inputs in their dtype, close to nn.LayerNorm, on any device?"""
+    for dtype, tol in ((torch.float16, 2e-2), (torch.bfloat16, 6e-2)):
+        h, sd = _ln_case(learner, reference, rng, 4, dtype)
+        x = _randn(rng, 2, 5, 4).to(dtype)
+        got = tensor(h(x), "LayerNorm", shape=(2, 5, 4), dtype=dtype, what="its output")
+        expected = F.layer_norm(x.double(), (4,), sd["weight"].to(dtype).double(), sd["bias"].to(dtype).double(), 1e-5)
+        expect(close(got, expected.to(dtype), rtol=tol, atol=tol), LN_HALF)
+    on_meta = learner.LayerNorm(8)
+    on_meta.to("meta")
+    expect_device_agnostic(learner, on_meta, _randn(rng, 2, 5, 8).float())
+
+
+# --- Part 2: FeedForward (2 points) ----------------------------------------------------------
+
+def _ff_case(learner, reference, rng, D, d_ff, dropout=0.0):
+    ref = reference.FeedForward(D, d_ff, dropout)
+    sd = _state(rng, ref)
+    ref.load_state_dict(sd)
+    h = learner_module(learner, "FeedForward", ref, D, d_ff, dropout)
+    h.to(F64)
+    return h, sd
+
+
+@points(1, part="feed_forward")
+def test_feed_forward_matches_reference(learner, reference, rng):
+    """Does FeedForward compute linear2(relu(linear1(x))) at every position, for any leading shape?"""
+    for shape, d_ff in (((2, 3, 8), 16), ((4, 6), 12), ((2, 2, 2, 4), 8)):
+        h, sd = _ff_case(learner, reference, rng, shape[-1], d_ff)
+        h.eval()
+        x = _randn(rng, *shape)
+        got = tensor(h(x), "FeedForward", shape=shape, dtype=F64, what="its output")
+        l1 = lambda y: _lin(sd, "linear1", y)  # noqa: E731
+        l2 = lambda y: _lin(sd, "linear2", y)  # noqa: E731
+        if not close(got, l2(F.relu(l1(x)))):
+            raise Hint(diagnose(got, [(FF_NO_RELU, lambda: l2(l1(x))),
+                                      (FF_RELU_AFTER, lambda: F.relu(l2(F.relu(l1(x))))),
+                                      (FF_SWAPPED, lambda: l2(l1(F.relu(x))))], FF_GENERIC))
+
+
+@points(1, part="feed_forward")
+def test_feed_forward_dropout(learner, reference, rng):
+    """Does FeedForward drop units after the activation in training mode only?"""
+    D, d_ff = 6, 12
+    h, sd = _ff_case(learner, reference, rng, D, d_ff, dropout=1.0)
+    ref0 = reference.FeedForward(D, d_ff, 0.0)
+    ref0.load_state_dict(sd)
+    h0 = learner_module(learner, "FeedForward", ref0, D, d_ff, 0.0)
+    h0.to(F64)
+    x = _randn(rng, 3, 4, D)
+    h.eval()
+    got = tensor(h(x), "FeedForward", shape=x.shape, dtype=F64)
+    expect(close(got, h0(x)), FF_DROP_EVAL)
+    # With p = 1 every hidden unit is dropped: only linear2's bias is left.
+    h.train()
+    got = tensor(h(x), "FeedForward", shape=x.shape, dtype=F64)
+    if not close(got, sd["linear2.bias"].expand(x.shape)):
+        raise Hint(diagnose(got, [(FF_NO_DROP, _lin(sd, "linear2", F.relu(_lin(sd, "linear1", x))))],
+                            FF_DROP_PLACE))
+    h2, sd2 = _ff_case(learner, reference, rng, D, d_ff, dropout=0.5)
+    h2.train()
+    a, b = h2(x), h2(x)
+    expect(isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and not torch.equal(a, b), FF_NO_DROP)
+
+
+# --- Part 3: EncoderLayer (5 points) ---------------------------------------------------------
+
+def _pad_mask(rng, B, S):
+    """A padding mask (B, 1, 1, S): every row keeps at least one position, some lose a tail."""
+    lengths = [S] + [_randint(rng, 1, S) for _ in range(B - 1)]
+    return torch.stack([torch.arange(S) < n for n in lengths])[:, None, None, :], lengths
+
+
+@points(2, part="encoder_layer")
+def test_encoder_layer_matches_reference(learner, reference, rng):
+    """Does EncoderLayer compute post-LN and pre-LN Add & Norm around self-attention and the feed-forward network?"""
+    for norm_first in (False, True):
+        for D, H, d_ff in ((8, 2, 16), (12, 3, 20)):
+            layer = _Layer(learner, reference, rng, "EncoderLayer", D, H, d_ff, norm_first)
+            x = _randn(rng, 2, 5, D, scale=1.5)
+            layer.check(x, mistakes=ENC_MISTAKES, what=f"norm_first={norm_first}, no mask")
+            mask, _ = _pad_mask(rng, 3, 6)
+            x = _randn(rng, 3, 6, D, scale=1.5)
+            layer.check(x, mask, mistakes=ENC_MISTAKES, what=f"norm_first={norm_first}, padding mask")
+
+
+@points(1, part="encoder_layer")
+def test_encoder_layer_masks(learner, reference, rng):
+    """Does EncoderLayer apply any mask broadcastable to (B, H, S, S), fully masked rows included?"""
+    for norm_first in (False, True):
+        layer = _Layer(learner, reference, rng, "EncoderLayer", 8, 2, 16, norm_first)
+        x = _randn(rng, 2, 5, 8)
+        for mask in (random_mask(rng, (2, 1, 5, 5), fully_masked=2), random_mask(rng, (2, 2, 5, 5), fully_masked=1),
+                     random_mask(rng, (5, 5))):
+            layer.check(x, mask, mistakes=ENC_MISTAKES, what="a mask with fully masked rows")
+
+
+def _torch_encoder(rng, D, H, d_ff, norm_first):
+    theirs = torch.nn.TransformerEncoderLayer(D, H, d_ff, dropout=0.0, batch_first=True, norm_first=norm_first)
+    theirs = theirs.double().eval()
+    with torch.no_grad():
+        for p in theirs.parameters():
+            p.copy_(_randn(rng, *p.shape, scale=0.4))
+        theirs.norm1.weight.add_(1.0)
+        theirs.norm2.weight.add_(1.0)
+    return theirs
+
+
+def _ours_from_torch(theirs):
+    """Their state dict under our parameter names."""
+    a = theirs.self_attn
+    sd = {}
+    for name, w, b in zip(("W_q", "W_k", "W_v"), a.in_proj_weight.chunk(3), a.in_proj_bias.chunk(3)):
+        sd[f"self_attn.{name}.weight"], sd[f"self_attn.{name}.bias"] = w, b
+    sd["self_attn.W_o.weight"], sd["self_attn.W_o.bias"] = a.out_proj.weight, a.out_proj.bias
+    for ours, mod in (("ff.linear1", theirs.linear1), ("ff.linear2", theirs.linear2), ("norm1", theirs.norm1),
+                      ("norm2", theirs.norm2)):
+        sd[f"{ours}.weight"], sd[f"{ours}.bias"] = mod.weight, mod.bias
+    return {n: v.detach().clone() for n, v in sd.items()}
+
+
+@points(1.5, part="encoder_layer")
+def test_encoder_layer_matches_torch(learner, reference, rng):
+    """Given the same weights, does EncoderLayer agree with nn.TransformerEncoderLayer (both norm placements)?"""
+    D, H, d_ff = 8, 2, 16
+    for norm_first in (False, True):
+        theirs = _torch_encoder(rng, D, H, d_ff, norm_first)
+        layer = _Layer(learner, reference, rng, "EncoderLayer", D, H, d_ff, norm_first)
+        layer.sd = _ours_from_torch(theirs)
+        layer.mod.load_state_dict(layer.sd)
+        x = _randn(rng, 3, 6, D)
+        mask, _ = _pad_mask(rng, 3, 6)
+        for m in (None, mask):
+            kw = {} if m is None else {"src_key_padding_mask": ~m[:, 0, 0]}
+            expected = theirs(x, **kw).detach()
+            args = (x,) if m is None else (x, m)
+            layer.check(*args, expected=expected, mistakes=ENC_MISTAKES,
+                        what=f"nn.TransformerEncoderLayer, norm_first={norm_first}")
+
+
+@points(0.5, part="encoder_layer")
+def test_encoder_layer_padding_changes_nothing(learner, reference, rng):
+    """Do the real positions' outputs stay the same whatever the padded positions hold?"""
+    for norm_first in (False, True):
+        layer = _Layer(learner, reference, rng, "EncoderLayer", 8, 2, 16, norm_first)
+        mask, lengths = _pad_mask(rng, 3, 6)
+        x = _randn(rng, 3, 6, 8)
+        out = layer.check(x, mask, mistakes=ENC_MISTAKES, what="padding mask")
+        x2 = x.clone()
+        for i, n in enumerate(lengths):
+            x2[i, n:] = _randn(rng, 6 - n, 8, scale=5.0)
+        out2 = layer.run(x2, mask)
+        for i, n in enumerate(lengths):
+            expect(close(out2[i, :n], out[i, :n]), PADDING_LEAK)
+
+
+# --- Part 4: DecoderLayer (6 points) ---------------------------------------------------------
+
+def _causal(T, past=0):
+    return torch.ones(T, past + T, dtype=torch.bool).tril(diagonal=past)  # (T, past + T)
+
+
+def _check_cache(layer, got, expected):
+    """The returned cache must be the reference's (k_all, v_all), given that the output was right."""
+    k, v = got[1]
+    ek, ev = expected[1]
+    for t, e in ((k, ek), (v, ev)):
+        expect(isinstance(t, torch.Tensor), CACHE_NOT_EXTENDED)
+        if tuple(t.shape) != tuple(e.shape):
+            raise Hint(CACHE_AXIS if t.numel() == e.numel() else CACHE_NOT_EXTENDED)
+    if close(k, ek) and close(v, ev):
+        return
+    # With the learner's own (wrong) LayerNorm in pre-LN the keys differ: accept what those give.
+    trouble = [t for t in layer._trouble() if t[2] == "is wrong"]
+    raise Hint(CACHE_VALUES + "".join(FIX_PART.format(n, p, w) for n, p, w in trouble))
+
+
+def _dec_inputs(rng, B, T, S, D):
+    x, memory = _randn(rng, B, T, D, scale=1.5), _randn(rng, B, S, D, scale=1.5)
+    mem_mask, _ = _pad_mask(rng, B, S)
+    return x, memory, mem_mask
+
+
+def _cache_ok(layer, got, args):
+    """Check the cache against the reference's, or against the one the learner's own parts give."""
+    trouble = [t for t in layer._trouble() if t[2] == "is wrong"]
+    parts = _Parts(layer.reference, layer.learner) if trouble else _Parts(layer.reference)
+    if args[4] is not None:
+        k, v = got[1]
+        wrong = layer.compute(parts, *args, mistake="cache_order")[1]
+        expect(not (close(k, wrong[0]) and close(v, wrong[1])), CACHE_ORDER)
+    _check_cache(layer, got, layer.compute(parts, *args))
+
+
+@points(2, part="decoder_layer")
+def test_decoder_layer_matches_reference(learner, reference, rng):
+    """Does DecoderLayer compute self-attention, cross-attention and the feed-forward network with Add & Norm?"""
+    for norm_first in (False, True):
+        for D, H, d_ff, T, S in ((8, 2, 16, 5, 5), (12, 3, 20, 4, 6)):
+            layer = _Layer(learner, reference, rng, "DecoderLayer", D, H, d_ff, norm_first)
+            x, memory, mem_mask = _dec_inputs(rng, 2, T, S, D)
+            # With T == S a target mask in cross-attention runs (and is caught); with T != S it fails.
+            args = (x, memory, _causal(T), mem_mask if T != S else _causal(T) & mem_mask, None)
+            got = layer.check(*args, mistakes=DEC_MISTAKES, what=f"norm_first={norm_first}, causal and padding masks")
+            _cache_ok(layer, got, args)
+
+
+@points(1, part="decoder_layer")
+def test_decoder_layer_masks(learner, reference, rng):
+    """Does DecoderLayer apply tgt_mask and memory_mask of any broadcastable shape, fully masked rows included?"""
+    for norm_first in (False, True):
+        layer = _Layer(learner, reference, rng, "DecoderLayer", 8, 2, 16, norm_first)
+        x, memory, _ = _dec_inputs(rng, 2, 4, 6, 8)
+        for tm, mm in ((random_mask(rng, (2, 1, 4, 4), fully_masked=2), random_mask(rng, (2, 1, 4, 6), fully_masked=1)),
+                       (random_mask(rng, (4, 4)), random_mask(rng, (2, 2, 1, 6))), (None, None)):
+            layer.check(x, memory, tm, mm, None, mistakes=DEC_MISTAKES, what="masks with fully masked rows")
+
+
+@points(2, part="decoder_layer")
+def test_decoder_layer_cache(learner, reference, rng):
+    """With a cache, does DecoderLayer give the whole sequence's outputs and return the cache extended?"""
+    for norm_first in (False, True):
+        D, H, T, S = 8, 2, 5, 4
+        layer = _Layer(learner, reference, rng, "DecoderLayer", D, H, 16, norm_first)
+        x, memory, mem_mask = _dec_inputs(rng, 3, T, S, D)
+        full = layer.check(x, memory, _causal(T), mem_mask, None, mistakes=DEC_MISTAKES, what="the whole sequence")
+        _cache_ok(layer, full, (x, memory, _causal(T), mem_mask, None))
+        # One position at a time, then the last two positions at once on top of a cache of three.
+        cache, outs = None, []
+        for t in range(T):
+            args = (x[:, t:t + 1], memory, None, mem_mask, cache)
+            try:
+                got = layer.run(*args)
+            except LearnerError:
+                if t > 0:
+                    raise Hint(CACHE_AXIS) from None
+                raise
+            layer.check(*args, got=got, mistakes=["cache_order", "cache_ignored"], what="one new position and a cache")
+            _cache_ok(layer, got, args)
+            cache = got[1]
+            outs.append(got[0])
+        expect(close(torch.cat(outs, 1), full[0]), CACHE_IGNORED)
+        past = (full[1][0][:, :, :3].contiguous(), full[1][1][:, :, :3].contiguous())
+        args = (x[:, 3:], memory, _causal(2, past=3), mem_mask, past)
+        try:
+            got = layer.run(*args)
+        except LearnerError:
+            raise Hint(CACHE_AXIS) from None
+        layer.check(*args, got=got, mistakes=["cache_order", "cache_ignored"], what="two new positions and a cache")
+        expect(close(got[0], full[0][:, 3:]), CACHE_IGNORED)
+        expect(tuple(got[1][0].shape) == (3, H, T, D // H), CACHE_NOT_EXTENDED)
+
+
+@points(1, part="decoder_layer")
+def test_decoder_layer_is_causal(learner, reference, rng):
+    """Under a causal mask, does the output at position t stay the same when later target positions change?"""
+    for norm_first in (False, True):
+        layer = _Layer(learner, reference, rng, "DecoderLayer", 8, 2, 16, norm_first)
+        x, memory, mem_mask = _dec_inputs(rng, 2, 5, 4, 8)
+        got = layer.check(x, memory, _causal(5), mem_mask, None, mistakes=DEC_MISTAKES, what="a causal mask")
+        for t in (1, 3):
+            x2 = x.clone()
+            x2[:, t + 1:] = _randn(rng, 2, 4 - t, 8, scale=3.0)
+            got2 = layer.run(x2, memory, _causal(5), mem_mask, None)
+            expect(close(got2[0][:, :t + 1], got[0][:, :t + 1]), CAUSAL_LEAK)
+
+
+# --- Part 5: masks (2 points) ----------------------------------------------------------------
+
+def _padded_tokens(rng, B, T, pad=PAD, lo=3, hi=8):
+    toks = _tokens(rng, lo, hi, (B, T))
+    for i in range(1, B):
+        n = _randint(rng, 1, T - 1 if i == B - 1 and T > 1 else T)  # the last row is padded
+        toks[i, n:] = pad
+    return toks
+
+
+@points(1, part="masks")
+def test_make_src_mask(learner, reference, rng):
+    """Does make_src_mask mark the real tokens True, shaped (B, 1, 1, S), for any pad_id?"""
+    for B, S, pad in ((3, 5, 0), (1, 4, 0), (4, 6, 7)):
+        src = _padded_tokens(rng, B, S, pad)
+        kw = {} if pad == 0 else {"pad_id": pad}
+        got = tensor(learner.make_src_mask(src, **kw), "make_src_mask", shape=(B, 1, 1, S), dtype=torch.bool,
+                     what="the mask (B, 1, 1, S)")
+        expected = reference.make_src_mask(src, pad)
+        if not torch.equal(got, expected):
+            raise Hint(diagnose(got, [(SRC_MASK_INVERTED, ~expected),
+                                      (MASK_PAD_ID.format("make_src_mask"), reference.make_src_mask(src, 0))],
+                                SRC_MASK_GENERIC, same=torch.equal))
+    expect_device_agnostic(learner, "make_src_mask", src)
+
+
+@points(1, part="masks")
+def test_make_tgt_mask(learner, reference, rng):
+    """Does make_tgt_mask combine the causal mask with the padding of the keys, shaped (B, 1, T, T)?"""
+    for B, T, pad in ((3, 5, 0), (2, 1, 0), (4, 6, 7)):
+        tgt = _padded_tokens(rng, B, T, pad)
+        kw = {} if pad == 0 else {"pad_id": pad}
+        got = tensor(learner.make_tgt_mask(tgt, **kw), "make_tgt_mask", shape=(B, 1, T, T), dtype=torch.bool,
+                     what="the mask (B, 1, T, T)")
+        expected = reference.make_tgt_mask(tgt, pad)
+        if not torch.equal(got, expected):
+            keys = (tgt != pad)[:, None, None, :]
+            causal = torch.ones(T, T, dtype=torch.bool).tril()
+            raise Hint(diagnose(got, [
+                (TGT_NO_PAD, causal.expand(B, 1, T, T)), (TGT_NO_CAUSAL, keys.expand(B, 1, T, T)),
+                (TGT_UPPER, keys & causal.T), (TGT_PAD_QUERIES, (tgt != pad)[:, None, :, None] & causal),
+                (MASK_PAD_ID.format("make_tgt_mask"), reference.make_tgt_mask(tgt, 0))],
+                TGT_MASK_GENERIC, same=torch.equal))
+    expect_device_agnostic(learner, "make_tgt_mask", tgt)
+
+
+# --- Part 6: the model (4 points) ------------------------------------------------------------
+
+class _Model:
+    """The learner's Transformer (a handle, float64, eval mode) holding random weights, and what the model
+    computes, done here: with the reference's layers, or with the learner's own layers (handles reached through
+    the learner's model), so that the model earns its points when its layers are what is wrong."""
+
+    def __init__(self, learner, reference, rng, *, V=9, D=16, H=2, n_layers=2, d_ff=24, norm_first=False,
+                 ):
+        self.args = (V, V, D, H, n_layers, d_ff, 0.0, 64, norm_first)
+        self.V, self.D, self.H, self.n_layers, self.norm_first = V, D, H, n_layers, norm_first
+        ref = reference.Transformer(*self.args)
+        self.sd = _state(rng, ref)
+        for n in ("src_embed.weight", "tgt_embed.weight"):
+            self.sd[n] = _r(_randn(rng, V, D, scale=1.0 / math.sqrt(D)))
+        ref.load_state_dict(self.sd)
+        self.mod = learner_module(learner, "Transformer", ref, *self.args)
+        self.mod.to(F64)
+        self.mod.eval()
+        self.learner, self.reference, self.rng = learner, reference, rng
+        self.pe = self.sd["pos.pe"]
+        self._trouble = None
+
+    # -- computed here --
+    def _embed(self, name, tokens, offset=0, mistake=None):
+        e = self.sd[f"{name}.weight"][tokens]
+        T = tokens.shape[1]
+        pe = self.pe[offset:offset + T] if mistake != "offset_ignored" else self.pe[:T]
+        if mistake == "no_scale":
+            return e + pe
+        if mistake == "scale_after":
+            return (e + pe) * math.sqrt(self.D)
+        return e * math.sqrt(self.D) + pe
+
+    def _final(self, parts, name, x, mistake):
+        mistake = _at(mistake, name)
+        use = self.norm_first != (mistake in ("final_norm_missing", "final_norm_post"))
+        return parts.norm(self.sd, name, x) if use else x
+
+    def encode(self, own, src, src_mask, mistake=None):
+        parts = _Parts(self.reference, self.learner if own else None)
+        x = self._embed("src_embed", src, mistake=mistake)
+        m = None if mistake == "no_src_mask_enc" else src_mask
+        for i in range(self.n_layers):
+            if own:
+                x = tensor(self.layer("encoder", i)(x, m), "EncoderLayer", shape=x.shape, dtype=F64)
+            else:
+                x = _encoder(parts, _sub(self.sd, f"encoder.{i}."), x, m, self.H, self.norm_first)
+        return self._final(parts, "enc_norm", x, mistake)
+
+    def decode(self, own, tgt_in, memory, src_mask, tgt_mask, caches=None, offset=0, mistake=None):
+        parts = _Parts(self.reference, self.learner if own else None)
+        x = self._embed("tgt_embed", tgt_in, offset, mistake)
+        mm = None if mistake == "no_src_mask_cross" else src_mask
+        new = []
+        for i in range(self.n_layers):
+            c = None if caches is None or mistake == "caches_ignored" else caches[i]
+            if own:
+                got = self.layer("decoder", i)(x, memory, tgt_mask, mm, c)
+                expect(isinstance(got, (tuple, list)) and len(got) == 2,
+                       "`DecoderLayer` must return a pair (x, cache).")
+                x, c = tensor(got[0], "DecoderLayer", shape=x.shape, dtype=F64), got[1]
+            else:
+                x, c = _decoder(parts, _sub(self.sd, f"decoder.{i}."), x, memory, tgt_mask, mm, c, self.H,
+                                self.norm_first)
+            new.append(c)
+        x = self._final(parts, "dec_norm", x, mistake)
+        return _lin(self.sd, "out", x), new
+
+    def masks(self, own, src, tgt_in):
+        """The masks of forward: the reference's, or (own) those of the learner's make_src_mask and
+        make_tgt_mask where they run and have the right shape."""
+        src_mask = self.reference.make_src_mask(src)
+        tgt_mask = self.reference.make_tgt_mask(tgt_in)
+        if own:
+            src_mask = _learner_mask(self.learner, "make_src_mask", src, src_mask)
+            tgt_mask = _learner_mask(self.learner, "make_tgt_mask", tgt_in, tgt_mask)
+        return src_mask, tgt_mask
+
+    def forward(self, own, src, tgt_in, mistake=None):
+        src_mask, tgt_mask = self.masks(own, src, tgt_in)
+        if mistake == "fwd_no_causal":
+            tgt_mask = self.reference.make_src_mask(tgt_in)
+        memory = self.encode(own, src, src_mask, mistake)
+        return self.decode(own, tgt_in, memory, src_mask, tgt_mask, mistake=mistake)[0]
+
+    def layer(self, stack, i):
+        return getattr(getattr(self.mod, stack), str(i))
+
+    def trouble(self):
+        """The learner's layers (or parts) that differ from the reference's, as (name, part)."""
+        if self._trouble is None:
+            self._trouble = []
+            x = _randn(self.rng, 2, 4, self.D)
+            mem = _randn(self.rng, 2, 5, self.D)
+            sm, _ = _pad_mask(self.rng, 2, 5)
+            tm = _causal(4)
+            for name, part, stack, args in (("EncoderLayer", 3, "encoder", (x, sm[:, :, :, :4])),
+                                            ("DecoderLayer", 4, "decoder", (x, mem, tm, sm, None))):
+                sd = _sub(self.sd, f"{stack}.0.")
+                parts = _Parts(self.reference)
+                expected = (_encoder if stack == "encoder" else _decoder)(parts, sd, *args, self.H, self.norm_first)
+                try:
+                    got = self.layer(stack, 0)(*args)
+                except (LearnerError, NotImplementedRemote):
+                    self._trouble.append((name, part))
+                    continue
+                if stack == "decoder":
+                    ok = (isinstance(got, (tuple, list)) and len(got) == 2 and close(got[0], expected[0])
+                          and self._cache_works(sd, x, mem, sm, expected))
+                else:
+                    ok = close(got, expected)
+                if not ok:
+                    self._trouble.append((name, part))
+            src = torch.tensor([[3, 4, 5, 6, 7], [3, 4, 0, 0, 0], [5, 0, 0, 0, 0]])
+            tgt = torch.tensor([[1, 4, 5, 6], [1, 4, 0, 0], [1, 0, 0, 0]])
+            for name, toks in (("make_src_mask", src), ("make_tgt_mask", tgt)):
+                expected = getattr(self.reference, name)(toks)
+                if not torch.equal(_learner_mask(self.learner, name, toks, ~expected), expected):
+                    self._trouble.append((name, 5))
+            parts = _Parts(self.reference, self.learner)
+            try:
+                ok = close(parts.norm(self.sd, "enc_norm", x), F.layer_norm(
+                    x, (self.D,), self.sd["enc_norm.weight"], self.sd["enc_norm.bias"], 1e-5))
+            except (LearnerError, NotImplementedRemote, Hint):
+                ok = False
+            if not ok:
+                self._trouble.append(("LayerNorm", 1))
+        return self._trouble
+
+    def _cache_works(self, sd, x, mem, sm, expected):
+        """Whether decoder layer 0, given the reference's cache of the first two positions, continues right."""
+        k, v = expected[1]
+        try:
+            past = (k[:, :, :2].contiguous(), v[:, :, :2].contiguous())  # the first two positions
+            got = self.layer("decoder", 0)(x[:, 2:], mem, None, sm, past)
+        except (LearnerError, NotImplementedRemote):
+            return False
+        want = _decoder(_Parts(self.reference), sd, x[:, 2:], mem, None, sm, (k[:, :, :2], v[:, :, :2]), self.H,
+                        self.norm_first)[0]
+        return isinstance(got, (tuple, list)) and len(got) == 2 and close(got[0], want)
+
+    def judge(self, got, expected_ref, expected_own, mistakes, generic):
+        """Pass when `got` is the reference's result, or the one the learner's own layers give; else hint."""
+        if close(got, expected_ref()):
+            return
+        trouble = self.trouble()
+        if trouble and close(got, expected_own()):
+            return
+        also = "".join(FIX_LAYERS.format(n, p) for n, p in trouble)
+        raise Hint(diagnose(got, [(h, (lambda t=t: t(bool(trouble)))) for h, t in mistakes], generic,
+                            same=lambda a, b: close(a, b, rtol=1e-6, atol=1e-8)) + also)
+
+
+def _learner_mask(learner, name, tokens, fallback, pad=PAD):
+    """The learner's mask for `tokens`, or `fallback` when it fails or has the wrong shape or dtype."""
+    try:
+        got = getattr(learner, name)(tokens, pad)
+    except (LearnerError, NotImplementedRemote, MissingName):
+        return fallback
+    ok = isinstance(got, torch.Tensor) and got.dtype == torch.bool and tuple(got.shape) == tuple(fallback.shape)
+    return got if ok else fallback
+
+
+MODEL_MISTAKES = [("no_scale", NO_SCALE), ("scale_after", SCALE_AFTER), ("final_norm_missing", FINAL_NORM_MISSING),
+                  ("final_norm_post", FINAL_NORM_POST), ("final_norm_missing@enc_norm", FINAL_NORM_MISSING),
+                  ("final_norm_missing@dec_norm", FINAL_NORM_MISSING), ("final_norm_post@enc_norm", FINAL_NORM_POST),
+                  ("final_norm_post@dec_norm", FINAL_NORM_POST), ("no_src_mask_cross", NO_SRC_MASK_CROSS),
+                  ("no_src_mask_enc", NO_SRC_MASK_ENC), ("fwd_no_causal", FWD_NO_CAUSAL)]
+
+
+def _run(m, what, fn, *args):
+    """The learner's model (or decoder) called; when it fails and one of its parts is wrong, say which to fix."""
+    try:
+        return fn(*args)
+    except (LearnerError, NotImplementedRemote) as failure:
+        trouble = m.trouble()
+        if not trouble:
+            raise
+        name, part = trouble[0]
+        verb = "is not implemented yet" if isinstance(failure, NotImplementedRemote) else "fails"
+        raise Hint(f"{what} {verb}, and your {name} (part {part}), which it uses, is wrong or fails: fix it "
+                   "first.") from None
+
+
+def _check_forward(m, src, tgt_in):
+    B, T = tgt_in.shape
+    got = tensor(_run(m, "`Transformer`", m.mod, src, tgt_in), "Transformer", shape=(B, T, m.V), dtype=F64,
+                 what="its logits (B, T, tgt_vocab)")
+    m.judge(got, lambda: m.forward(False, src, tgt_in), lambda: m.forward(True, src, tgt_in),
+            [(h, (lambda own, k=k: m.forward(own, src, tgt_in, k))) for k, h in MODEL_MISTAKES],
+            MODEL_GENERIC.format("forward"))
+    return got
+
+
+@points(2, part="transformer")
+def test_transformer_forward_matches_reference(learner, reference, rng):
+    """Does the Transformer (encode, decode, forward) give the reference's logits with the same weights?"""
+    for norm_first in (False, True):
+        m = _Model(learner, reference, rng, norm_first=norm_first)
+        src, tgt_in = _padded_tokens(rng, 3, 6), _padded_tokens(rng, 3, 5)
+        tgt_in[:, 0] = SOS
+        _check_forward(m, src, tgt_in)
+        # encode on its own.
+        sm = reference.make_src_mask(src)
+        got = tensor(_run(m, "`Transformer.encode`", m.mod.encode, src, sm), "Transformer.encode",
+                     shape=(3, 6, m.D), dtype=F64, what="the memory (B, S, D)")
+        m.judge(got, lambda: m.encode(False, src, sm), lambda: m.encode(True, src, sm),
+                [(h, (lambda own, k=k: m.encode(own, src, sm, k))) for k, h in MODEL_MISTAKES],
+                MODEL_GENERIC.format("encode"))
+
+
+def _learner_decode(m, *args, **kwargs):
+    got = _run(m, "`Transformer.decode`", lambda: m.mod.decode(*args, **kwargs))
+    expect(isinstance(got, (tuple, list)) and len(got) == 2 and isinstance(got[1], (tuple, list))
+           and len(got[1]) == m.n_layers, DECODE_RETURN)
+    B, T = args[0].shape
+    tensor(got[0], "Transformer.decode", shape=(B, T, m.V), dtype=F64, what="its logits (B, T, tgt_vocab)")
+    return got
+
+
+@points(1, part="transformer")
+def test_transformer_decode_with_caches_and_offset(learner, reference, rng):
+    """Does decode, fed one token at a time with its caches and offset, give the logits of the whole sequence?"""
+    for norm_first in (False, True):
+        m = _Model(learner, reference, rng, norm_first=norm_first)
+        src, tgt_in = _padded_tokens(rng, 2, 5), _tokens(rng, 3, 8, (2, 5))
+        tgt_in[:, 0] = SOS
+        sm = reference.make_src_mask(src)
+        memory = m.encode(False, src, sm)
+        tm = _causal(5)
+        full, _ = _learner_decode(m, tgt_in, memory, sm, tm)
+        m.judge(full, lambda: m.decode(False, tgt_in, memory, sm, tm)[0],
+                lambda: m.decode(True, tgt_in, memory, sm, tm)[0],
+                [(h, (lambda own, k=k: m.decode(own, tgt_in, memory, sm, tm, mistake=k)[0]))
+                 for k, h in MODEL_MISTAKES],
+                MODEL_GENERIC.format("decode"))
+        caches, steps = None, []
+        for t in range(5):
+            logits, caches = _learner_decode(m, tgt_in[:, t:t + 1], memory, sm, None, caches, t)
+            steps.append(logits)
+        got = torch.cat(steps, 1)
+        if not close(got, full):
+            own = bool(m.trouble())
+
+            def cached(mistake):
+                c, out = None, []
+                for t in range(5):
+                    lg, c = m.decode(own, tgt_in[:, t:t + 1], memory, sm, None, c, t, mistake=mistake)
+                    out.append(lg)
+                return torch.cat(out, 1)
+            hint = diagnose(got, [(OFFSET_IGNORED, lambda: cached("offset_ignored")),
+                                  (CACHES_IGNORED, lambda: cached("caches_ignored"))],
+                            "`decode` fed one token at a time with its caches and offset differs from decoding the "
+                            "whole sequence.")
+            raise Hint(hint + "".join(FIX_LAYERS.format(n, p) for n, p in m.trouble() if n == "DecoderLayer"))
+
+
+@points(1, part="transformer")
+def test_transformer_causal_and_padding_properties(learner, reference, rng):
+    """Do the logits at t ignore later target tokens, and does padding the source change nothing?"""
+    for norm_first in (False, True):
+        m = _Model(learner, reference, rng, norm_first=norm_first)
+        src, tgt_in = _tokens(rng, 3, 8, (2, 4)), _tokens(rng, 3, 8, (2, 5))
+        tgt_in[:, 0] = SOS
+        got = _check_forward(m, src, tgt_in)
+        tgt2 = tgt_in.clone()
+        tgt2[:, 3:] = _tokens(rng, 3, 8, (2, 2))
+        also = "".join(FIX_LAYERS.format(n, p) for n, p in m.trouble())
+        got2 = tensor(m.mod(src, tgt2), "Transformer", shape=got.shape, dtype=F64)
+        expect(close(got2[:, :3], got[:, :3]), FWD_NO_CAUSAL + also)
+        padded = torch.cat([src, torch.zeros(2, 3, dtype=torch.long)], 1)
+        got3 = tensor(m.mod(padded, tgt_in), "Transformer", shape=got.shape, dtype=F64)
+        expect(close(got3, got), PADDING_CHANGES + also)
+
+
+# --- Part 7: greedy decoding (4 points) ------------------------------------------------------
+
+def _greedy_here(m, src, max_len, sos=SOS, eos=EOS, pad=PAD, *, cached=False, offset_ignored=False,
+                 no_cache=False, mask=True, early=True, any_stop=False, with_sos=False, first_pos=False, sm=None):
+    """Greedy decoding run from here with the learner's own model (its encode and decode); flags make mistakes."""
+    sm = (src != pad)[:, None, None, :] if sm is None else sm
+    memory = m.mod.encode(src, sm)
+    tensor(memory, "Transformer.encode", shape=(*src.shape, m.D), dtype=F64, what="the memory (B, S, D)")
+    B = src.shape[0]
+    ys = torch.full((B, 1), sos, dtype=torch.long)
+    finished = torch.zeros(B, dtype=torch.bool)
+    caches, toks = None, []
+    for t in range(max_len):
+        if cached:
+            inp, tm, off = ys[:, -1:], None, (0 if offset_ignored else t)
+            logits, c = _learner_decode(m, inp, memory, sm, tm, None if no_cache else caches, off)
+            caches = c
+        else:
+            logits, _ = _learner_decode(m, ys, memory, sm, _causal(ys.shape[1]))
+        y = logits[:, 0 if first_pos else -1].argmax(-1)
+        if mask:
+            y = y.masked_fill(finished, pad)
+        toks.append(y)
+        finished = finished | (y == eos)
+        if early and bool(finished.any() if any_stop else finished.all()):
+            break
+        ys = torch.cat([ys, y[:, None]], 1)
+    out = torch.stack(toks, 1)
+    if with_sos:
+        out = torch.cat([torch.full((B, 1), sos, dtype=torch.long), out], 1)
+    return out
+
+
+def _offset_zero(reference, ref, src, max_len, sos, eos, pad):
+    """The reference's cached greedy decoding with every token fed at position 0 (a typical mistake)."""
+    sm = reference.make_src_mask(src, pad)
+    memory = ref.encode(src, sm)
+    y = torch.full((src.shape[0],), sos, dtype=torch.long)
+    finished = torch.zeros_like(y, dtype=torch.bool)
+    caches, toks = None, []
+    for _ in range(max_len):
+        logits, caches = ref.decode(y[:, None], memory, sm, None, caches, offset=0)
+        y = logits[:, -1].argmax(-1).masked_fill(finished, pad)
+        toks.append(y)
+        finished = finished | (y == eos)
+        if bool(finished.all()):
+            break
+    return torch.stack(toks, 1)
+
+
+def _finishes_unevenly(out, eos):
+    L = out.shape[1]
+    firsts = [row.index(eos) if eos in row else L for row in out.tolist()]
+    return min(firsts) < L - 1
+
+
+def _greedy_model(learner, reference, rng, B, max_len, *, norm_first=False, sos=SOS, eos=EOS, pad=PAD):
+    """A model whose greedy outputs (computed here with the reference) finish at different steps, and sources."""
+    for _ in range(100):
+        bias = float(torch.rand((), generator=rng)) * 3.0
+        ref = reference.Transformer(9, 9, 16, 2, 2, 24, 0.0, 64, norm_first).double().eval()
+        sd = _state(rng, ref)
+        for n in ("src_embed.weight", "tgt_embed.weight"):
+            sd[n] = _r(_randn(rng, 9, 16, scale=0.6 / math.sqrt(16)))
+        sd["out.bias"][eos] = _r(sd["out.bias"][eos] + bias)
+        ref.load_state_dict(sd)
+        src = _padded_tokens(rng, B, _randint(rng, 3, 6), pad=pad)
+        with torch.no_grad():
+            out = reference.greedy_decode(ref, src, max_len, sos, eos, pad)
+            # Positions must matter: feeding every token at position 0 changes the output.
+            moved = _offset_zero(reference, ref, src, max_len, sos, eos, pad)
+        if (B == 1 or _finishes_unevenly(out, eos)) and not torch.equal(moved, out):
+            break
+    m = _Model.__new__(_Model)
+    m.args = (9, 9, 16, 2, 2, 24, 0.0, 64, norm_first)
+    m.V, m.D, m.H, m.n_layers, m.norm_first = 9, 16, 2, 2, norm_first
+    m.sd, m.pe, m.learner, m.reference, m.rng, m._trouble = sd, sd["pos.pe"], learner, reference, rng, None
+    m.mod = learner_module(learner, "Transformer", ref.float(), *m.args)
+    m.mod.to(F64)
+    m.mod.eval()
+    return m, src
+
+
+def _check_greedy(learner, m, src, max_len, name, **special):
+    sos, eos, pad = special.get("sos", SOS), special.get("eos", EOS), special.get("pad", PAD)
+    got = _run(m, f"`{name}`", lambda: getattr(learner, name)(m.mod, src, max_len, **special))
+    expect(isinstance(got, torch.Tensor) and got.dtype == torch.long, GR_TYPE.format(name))
+    expected = _greedy_here(m, src, max_len, sos, eos, pad)
+    if close(got, expected):
+        return got
+    # The learner's make_src_mask, if it differs from the reference's: greedy decoding that uses it is right.
+    ref_sm = m.reference.make_src_mask(src, pad)
+    sm = _learner_mask(learner, "make_src_mask", src, ref_sm, pad)
+    if not torch.equal(sm, ref_sm) and close(got, _greedy_here(m, src, max_len, sos, eos, pad, sm=sm)):
+        return got
+    run = lambda **kw: lambda: _greedy_here(m, src, kw.pop("max_len", max_len), sos, eos, pad, **kw)  # noqa: E731
+    table = []
+    if name == "greedy_decode_cached":
+        # Right given the learner's own cached decoding (decode with caches and offset), even where that is wrong.
+        if close(got, _greedy_here(m, src, max_len, sos, eos, pad, cached=True)):
+            return got
+        table += [(GR_OFFSET, run(cached=True, offset_ignored=True)), (GR_NO_CACHE, run(cached=True, no_cache=True))]
+    table += [(GR_NO_PAD, run(mask=False)), (GR_NO_PAD, run(mask=False, early=False)),
+              (GR_NO_STOP, run(early=False)), (GR_ANY_STOP, run(any_stop=True)),
+              (GR_WITH_SOS, run(with_sos=True)), (GR_WITH_SOS, run(with_sos=True, early=False)),
+              (GR_FIRST_POS, run(first_pos=True)),
+              (GR_STEPS, run(max_len=max_len - 1) if max_len > 1 else None), (GR_STEPS, run(max_len=max_len + 1))]
+    if special:
+        table.append((GR_SPECIAL, lambda: _greedy_here(m, src, max_len)))
+    shaped = got.dim() == 2 and got.shape[0] == src.shape[0] and got.shape[1] <= max_len
+    raise Hint(diagnose(got, [(h.format(name), r) for h, r in table],
+                        GR_GENERIC.format(name) if shaped else GR_TYPE.format(name), same=torch.equal))
+
+
+@points(1.5, part="greedy_decode")
+def test_greedy_decode_matches_reference(learner, reference, rng):
+    """Does greedy_decode feed back the argmax at every step, pad after eos and stop when every row is done?"""
+    for B, max_len, norm_first in ((5, 7, False), (1, 4, True), (6, 6, True)):
+        m, src = _greedy_model(learner, reference, rng, B, max_len, norm_first=norm_first)
+        _check_greedy(learner, m, src, max_len, "greedy_decode")
+
+
+@points(2, part="greedy_decode")
+def test_greedy_decode_cached_equals_recomputation(learner, reference, rng):
+    """Does greedy_decode_cached give exactly greedy_decode's tokens when rows end at different steps?"""
+    for B, max_len, norm_first in ((5, 7, False), (6, 8, True), (1, 5, False)):
+        m, src = _greedy_model(learner, reference, rng, B, max_len, norm_first=norm_first)
+        _check_greedy(learner, m, src, max_len, "greedy_decode_cached")
+
+
+@points(0.5, part="greedy_decode")
+def test_greedy_decode_honours_sos_eos_pad(learner, reference, rng):
+    """Do both decoders use the sos, eos and pad ids they are given?"""
+    special = {"sos": 3, "eos": 4, "pad": 5}
+    m, src = _greedy_model(learner, reference, rng, 4, 6, **special)
+    for name in ("greedy_decode", "greedy_decode_cached"):
+        _check_greedy(learner, m, src, 6, name, **special)

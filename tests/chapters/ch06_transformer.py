@@ -1,0 +1,99 @@
+"""Exercise 06_transformer: typical mistakes of the Transformer's parts, each with its score, lost checks and hints."""
+
+from chapters import Mistake
+
+KEY = "06_transformer"
+LN = {"test_layer_norm_matches_torch", "test_layer_norm_gradients", "test_layer_norm_half_precision_and_devices"}
+ENC = {"test_encoder_layer_matches_reference", "test_encoder_layer_masks", "test_encoder_layer_matches_torch",
+       "test_encoder_layer_padding_changes_nothing"}
+DEC = {"test_decoder_layer_matches_reference", "test_decoder_layer_masks", "test_decoder_layer_cache",
+       "test_decoder_layer_is_causal"}
+MODEL = {"test_transformer_forward_matches_reference", "test_transformer_decode_with_caches_and_offset",
+         "test_transformer_causal_and_padding_properties"}
+GREEDY = {"test_greedy_decode_matches_reference", "test_greedy_decode_cached_equals_recomputation",
+          "test_greedy_decode_honours_sos_eos_pad"}
+CACHE_CAT = (("k = torch.cat([cache[0], k], dim=2)", "v = torch.cat([cache[1], v], dim=2)"))
+FIX_DEC = "your DecoderLayer (part 4), which it uses, is wrong or fails: fix it first"
+
+
+def _all(checks, words):
+    return {c: words for c in checks}
+
+
+MISTAKES = {
+    # Only LayerNorm's own checks fail: the layers are judged with the learner's own LayerNorm.
+    "unbiased_variance": Mistake(23, LN, {"test_layer_norm_matches_torch": "unbiased variance",
+                                          "test_layer_norm_gradients": "unbiased variance"}, edits=(
+        ("var = (x - mean).pow(2).mean(dim=-1, keepdim=True)", "var = x.var(dim=-1, keepdim=True)"),)),
+    "ff_no_relu": Mistake(25, {"test_feed_forward_matches_reference"},
+                          {"test_feed_forward_matches_reference": "no ReLU between linear1 and linear2"}, edits=(
+        ("return self.linear2(self.dropout(F.relu(self.linear1(x))))",
+         "return self.linear2(self.dropout(self.linear1(x)))"),)),
+    # Pre-LN self-attention sublayer whose residual is the normalised x.
+    "pre_ln_residual_after_norm": Mistake(21, ENC, _all(ENC, "adds the residual after the norm"), edits=(
+        ("h = self.norm1(x)\n            x = x + self.dropout(self.self_attn(h, h, h, mask=src_mask)[0])",
+         "x = self.norm1(x)\n            x = x + self.dropout(self.self_attn(x, x, x, mask=src_mask)[0])"),)),
+    # Pre-LN feed-forward sublayer that normalises the sum as well as its input.
+    "pre_ln_stream_normed": Mistake(21, ENC, _all(ENC, "also normalises the residual stream"), edits=(
+        ("return x + self.dropout(self.ff(self.norm2(x)))",
+         "return self.norm2(x + self.dropout(self.ff(self.norm2(x))))"),)),
+    "decoder_norm_first_ignored": Mistake(20, DEC, _all(DEC, "whatever norm_first says"), edits=(
+        ("        if self.norm_first:\n            x = x + self.dropout(a)",
+         "        if False:\n            x = x + self.dropout(a)"),
+        ("h = self.norm1(x) if self.norm_first else x", "h = x"))),
+    # The target mask in cross-attention only runs when memory is as long as the target: every decoder check
+    # names it, and the model and decoding, which cannot run, say which part to fix.
+    "self_mask_in_cross": Mistake(12, DEC | MODEL | GREEDY,
+                                  _all(DEC, "uses the target mask in cross-attention")
+                                  | _all(MODEL - {"test_transformer_decode_with_caches_and_offset"} | GREEDY, FIX_DEC),
+                                  edits=(("mask=memory_mask)[0])", "mask=tgt_mask)[0])"),)),
+    # Heads axis: the cache still has the right number of numbers but the next step cannot attend.
+    "cache_wrong_axis": Mistake(20.5, {"test_decoder_layer_cache", "test_transformer_decode_with_caches_and_offset",
+                                       "test_greedy_decode_cached_equals_recomputation",
+                                       "test_greedy_decode_honours_sos_eos_pad"},
+                                {"test_decoder_layer_cache": "grows the cache along the wrong axis",
+                                 "test_transformer_decode_with_caches_and_offset": FIX_DEC,
+                                 "test_greedy_decode_cached_equals_recomputation": FIX_DEC},
+                                edits=tuple((old, old.replace("dim=2", "dim=1")) for old in CACHE_CAT)),
+    # One new position attends to every key whatever their order: only the returned cache shows it.
+    "cache_new_first": Mistake(24, {"test_decoder_layer_cache"},
+                               {"test_decoder_layer_cache": "new keys and values before the cached ones"},
+                               edits=(("k = torch.cat([cache[0], k], dim=2)", "k = torch.cat([k, cache[0]], dim=2)"),
+                                      ("v = torch.cat([cache[1], v], dim=2)", "v = torch.cat([v, cache[1]], dim=2)"))),
+    # The model and decoding are judged with the learner's own masks; only the padding property shows it.
+    "src_mask_inverted": Mistake(24, {"test_make_src_mask", "test_transformer_causal_and_padding_properties"},
+                                 {"test_make_src_mask": "is inverted",
+                                  "test_transformer_causal_and_padding_properties": "Padding the source changes"},
+                                 edits=(("return (src != pad_id)[:, None, None, :]  # (B, 1, 1, S)",
+                                         "return (src == pad_id)[:, None, None, :]"),)),
+    "tgt_mask_no_pad": Mistake(25, {"test_make_tgt_mask"}, {"test_make_tgt_mask": "ignores padding"}, edits=(
+        ("return (tgt != pad_id)[:, None, None, :] & causal  # (B, 1, T, T)",
+         "return causal.expand(tgt.size(0), 1, T, T)"),)),
+    "embedding_not_scaled": Mistake(22, MODEL, _all(MODEL, "not multiplied by sqrt(d_model)"), edits=(
+        ("x = self.pos(self.src_embed(src) * math.sqrt(self.d_model))", "x = self.pos(self.src_embed(src))"),
+        ("x = self.pos(self.tgt_embed(tgt_in) * math.sqrt(self.d_model), offset=offset)",
+         "x = self.pos(self.tgt_embed(tgt_in), offset=offset)"))),
+    "enc_norm_missing": Mistake(23, MODEL - {"test_transformer_decode_with_caches_and_offset"},
+                                _all(MODEL - {"test_transformer_decode_with_caches_and_offset"},
+                                     "stack's output is not normalised"),
+                                edits=(("return self.enc_norm(x) if self.norm_first else x", "return x"),)),
+    # Positions restarting at 0 in decode: greedy_decode_cached, right given this decode, loses nothing.
+    "decode_offset_ignored": Mistake(25, {"test_transformer_decode_with_caches_and_offset"},
+                                     {"test_transformer_decode_with_caches_and_offset": "ignores offset"}, edits=(
+        ("x = self.pos(self.tgt_embed(tgt_in) * math.sqrt(self.d_model), offset=offset)",
+         "x = self.pos(self.tgt_embed(tgt_in) * math.sqrt(self.d_model))"),)),
+    "greedy_cached_offset_zero": Mistake(23.5, {"test_greedy_decode_cached_equals_recomputation",
+                                                "test_greedy_decode_honours_sos_eos_pad"},
+                                         _all({"test_greedy_decode_cached_equals_recomputation",
+                                               "test_greedy_decode_honours_sos_eos_pad"},
+                                              "feeds every new token at position 0"),
+                                         edits=(("caches, offset=t)", "caches, offset=0)"),)),
+    "greedy_no_pad_after_eos": Mistake(22, GREEDY, _all(GREEDY, "does not fill the positions after a row's eos"),
+                                       edits=((".masked_fill(finished, pad)", ""),)),
+    "greedy_with_sos": Mistake(24, {"test_greedy_decode_matches_reference", "test_greedy_decode_honours_sos_eos_pad"},
+                               _all({"test_greedy_decode_matches_reference", "test_greedy_decode_honours_sos_eos_pad"},
+                                    "returns the sos column"), edits=(
+        ("        ys = torch.cat([ys, y[:, None]], dim=1)  # (B, T + 1)\n    return torch.stack(tokens, dim=1)",
+         "        ys = torch.cat([ys, y[:, None]], dim=1)  # (B, T + 1)\n"
+         "    return torch.cat([ys[:, :1], torch.stack(tokens, dim=1)], dim=1)"),)),
+}
