@@ -110,6 +110,8 @@ def include_definitions(assignment: Assignment, source: str, including: tuple[st
     definition of NAME in exercise KEY (its solution markers removed)."""
     from .assignments import get_assignment
 
+    modules: dict[str, str] = {}  # key -> its reference module, read once for all of the cell's lines
+
     def definition(match: re.Match) -> str:
         key, name = match.group(1), match.group(2)
         where = f"{assignment.master}: '# from exercise {key}: {name}'"
@@ -119,7 +121,9 @@ def include_definitions(assignment: Assignment, source: str, including: tuple[st
             other = get_assignment(key)
         except KeyError as exc:
             raise MasterError(f"{where}: {exc.args[0]}") from None
-        module = solutions_module(other, read_master(other, including))
+        if key not in modules:
+            modules[key] = solutions_module(other, read_master(other, including))
+        module = modules[key]
         for node in ast.parse(module).body:
             if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name == name:
                 first = min([node.lineno] + [d.lineno for d in node.decorator_list])
