@@ -1,4 +1,5 @@
-# Two commands after cloning: `make book` (install, then build the book) and `make test`.
+# Two commands after cloning: `make book` (install, then build the book) and `make test`
+# (build the book if needed, then run every test, the browser tests included).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 export PATH := $(abspath $(VENV))/bin:$(PATH)
@@ -9,15 +10,22 @@ export OMP_NUM_THREADS ?= 1
 
 install: $(VENV)/.installed
 
+# TORCH_INDEX=https://download.pytorch.org/whl/cpu installs the CPU-only build of torch
+# first (Linux; see requirements.txt); left empty, pip takes torch from its usual index.
+TORCH_INDEX ?=
+
 $(VENV)/.installed: requirements.txt pyproject.toml
 	python3 -m venv $(VENV)
+	$(if $(TORCH_INDEX),$(PY) -m pip install --quiet torch==2.13.0 --index-url $(TORCH_INDEX))
 	$(PY) -m pip install --quiet -r requirements.txt
 	touch $@
 
 book: install
 	jupyter-book build . -W -n --keep-going
 
-test: install check-generated
+# The browser tests (tests/test_browser.py) read the built site: build it first. With the
+# execution cache an up-to-date book rebuilds in seconds.
+test: install check-generated book
 	$(PY) -m pytest
 
 generate: install

@@ -39,6 +39,13 @@ def _cmd_grade(args) -> int:
     return grade_command(args)
 
 
+def _positive(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError("must be 1 or more")
+    return n
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m autograder", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -69,6 +76,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, help="seed the checks of every submission (default: a fresh one each)")
     p.add_argument("--no-sandbox", action="store_true",
                    help="run learner code without bubblewrap isolation (only for notebooks you trust)")
+    p.add_argument("--jobs", type=_positive, default=None, metavar="N",
+                   help="grade N submissions at once, each in its own sandbox and on one core "
+                        "(default: the number of CPUs, at most one job per 3 submissions to grade)")
+    p.add_argument("--scheduler", metavar="ADDRESS",
+                   help="grade on the workers of this Dask scheduler (tcp://HOST:8786) instead of this machine")
+    p.add_argument("--warm", action="store_true",
+                   help="start each job's workers from a pre-imported template (when the grader has one)")
     p.set_defaults(func=_cmd_grade)
     return parser
 

@@ -18,10 +18,8 @@ import hashlib
 import json
 import logging
 import os
-import shutil
 import stat
 import sys
-import tempfile
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -520,6 +518,87 @@ def _progress_line(student: str, result, limits: Limits, flags: list) -> str:
     return line
 
 
+def _grade_batch(args, todo, reports, grader, sandbox, forbidden, overrides, warm, limits, not_graded, finish,
+                 total) -> int | None:
+    """Grade `todo` ((index, Found) pairs) in this process, on a local Dask cluster (--jobs N) or on
+    --scheduler's, writing each result as it arrives; None, or an exit code if grading could not start.
+
+    Each notebook is read again here and its task carries exactly the bytes that were hashed for
+    it (what is graded and recorded is what was read, whatever the folder holds meanwhile)."""
+    import secrets
+
+    from . import cohort
+
+    scheduler = getattr(args, "scheduler", None)
+    # Unasked, a local cluster is started only when each job gets a few submissions: its few seconds
+    # to start and stop would cost more than they save on a handful.
+    asked = getattr(args, "jobs", None)
+    jobs = max(1, min(asked, len(todo)) if asked else min(cohort.default_jobs(), len(todo) // cohort.MIN_PER_JOB))
+    cgroup = "auto" if scheduler else (sandbox.cgroups.parent if sandbox is not None and sandbox.cgroups else None)
+    cfg = {"use": not args.no_sandbox, "forbidden": forbidden, "cgroup": cgroup}
+    progress = cohort.Progress(total, done=total - len(todo))
+    progress.to_grade = len(todo)
+    by_tag = {}
+
+    def tasks():
+        for i, found in todo:
+            claim = found.claim
+            shown = safe(str(claim.path), limits.path_chars)
+            read = read_claim(claim, limits.notebook_bytes)
+            if read.data is None:
+                progress.dropped()
+                reports[i] = not_graded(found, f"{shown} {read.problem}", shown, read.digest)
+                continue
+            seed = args.seed if args.seed is not None else secrets.randbelow(2**31)
+            by_tag[i] = (found, read.digest, read.mtime)
+            yield cohort.make_task(i, key=grader.assignment.key, student=found.student, label=str(claim.path),
+                                   name=claim.parts[-1], data=read.data, seed=seed, overrides=overrides,
+                                   sandbox=cfg, warm=warm)
+
+    if scheduler or jobs > 1:
+        try:
+            runner = cohort.OnDask(jobs=jobs, address=scheduler)
+        except Exception as exc:  # noqa: BLE001 - no cluster: say why, grade nothing
+            where = f"reach the Dask scheduler at {safe(scheduler, 200)}" if scheduler else f"start {jobs} local jobs"
+            return _error(f"cannot {where}: {type(exc).__name__}: {exc}")
+        try:
+            probe = cohort.make_task(-1, key=grader.assignment.key, student="", label="", name="", data=b"", seed=0,
+                                     overrides=overrides, sandbox=cfg, warm=warm)
+            ready = runner.prepare(probe)
+            failed = {w: r for w, r in ready.items() if isinstance(r, BaseException)}
+            if not ready or failed:
+                runner.close()
+                if not ready:
+                    return _error(f"refusing to grade: the Dask scheduler {safe(scheduler, 200)} has no workers")
+                return _error("refusing to grade: " + "; ".join(
+                    f"worker {safe(w, 200)}: {type(r).__name__}: {r}" for w, r in sorted(failed.items())[:5]))
+            if scheduler:
+                for desc in sorted(set(ready.values())):
+                    n = sum(1 for d in ready.values() if d == desc)
+                    _progress(f"{n} worker(s): {desc}")
+            runner.resources = cohort.task_resources(cohort.uses_cuda(grader), runner.workers())
+        except BaseException:
+            runner.close()
+            raise
+    else:
+        # A warm start only where this process grades: its template is of no use to a cluster's run.
+        runner = cohort.Serial(cohort.new_grader(grader.assignment.key, sandbox=sandbox, overrides=overrides,
+                                                 warm=True) if warm else grader)
+    _progress(f"grading {len(todo)} submission(s) with {runner.name}"
+              + (" on GPU workers" if getattr(runner, "resources", None) else ""))
+    log.info("grading %d submission(s) with %s", len(todo), runner.name)
+    progress.restart()
+    try:
+        for task, outcome in runner.run(tasks()):
+            found, digest, mtime = by_tag.pop(task["tag"])
+            cohort.replay_log(outcome)
+            result = cohort.result_of(outcome, task, grader)
+            reports[task["tag"]] = finish(found, result, digest, mtime, progress.add(result.status, graded=True))
+    finally:
+        runner.close()
+    return None
+
+
 def grade_command(args) -> int:
     from nbgrader.api import Gradebook
 
@@ -553,18 +632,28 @@ def grade_command(args) -> int:
         return _error(f"no notebooks to grade found in {given}"
                       + (f" ({scan.rejected_total} rejected entries, listed above)" if scan.rejected_total else ""))
     # Learner code runs in bubblewrap unless the instructor explicitly says otherwise.
+    # On a cluster (--scheduler) each worker builds and checks its own sandbox (`_grade_batch`).
     sandbox = None
+    scheduler = getattr(args, "scheduler", None)
+    forbidden = [os.path.abspath(p) for p in (out, *args.submissions)]
     if args.no_sandbox:
         _progress(NO_SANDBOX_WARNING)
-    else:
-        from .sandbox import SandboxUnavailable, detect
+    elif not scheduler:
+        from .cohort import make_sandbox
+        from .sandbox import SandboxUnavailable
 
         try:
-            sandbox = detect(forbidden=[out, *args.submissions])
+            sandbox = make_sandbox(forbidden=forbidden)
         except SandboxUnavailable as exc:
             return _error(f"refusing to grade: {exc}")
         _progress(sandbox.describe())
     overrides = {"submission_seconds": args.timeout} if args.timeout else None
+    warm = bool(getattr(args, "warm", False))
+    from .cohort import supports_warm
+
+    if warm and not supports_warm():
+        _progress("--warm: this grader has no warm start; every submission starts a fresh worker")
+        warm = False
     grader, code = _grader(assignment.key, sandbox=sandbox, overrides=overrides)
     if grader is None:
         return code
@@ -578,7 +667,6 @@ def grade_command(args) -> int:
         log.warning("rejected: … %d more entries not listed", scan.rejected_total - len(scan.rejected))
     url = args.gradebook or f"sqlite:///{(out / 'gradebook.db').resolve()}"
     results_dir = out / "results" / assignment.key
-    copies = Path(tempfile.mkdtemp(prefix="autograder-copies-"))
     reports = []
 
     def not_graded(found: Found, reason: str, path: str, digest: str = "") -> dict:
@@ -588,7 +676,7 @@ def grade_command(args) -> int:
                         parts={p: {"score": 0.0, "max_score": m} for p, m in grader.parts.items()})
         return finish(found, result, digest)
 
-    def finish(found: Found, result, digest: str, timestamp: float | None = None) -> dict:
+    def finish(found: Found, result, digest: str, timestamp: float | None = None, tail: str = "") -> dict:
         flags = bounded_flags(found.flags, limits)
         result = bounded(result, limits)
         gbk.record(gb, assignment, found.student, result, timestamp=timestamp, flagged=bool(flags))
@@ -598,7 +686,7 @@ def grade_command(args) -> int:
         data = dict(result.to_dict(), sha256=digest, feedback=str(fb), skipped=False, flags=flags)
         # Written last: a run killed before this line regrades this learner next time.
         _write_json_atomic(results_dir / f"{found.student}.json", data)
-        _progress(_progress_line(found.student, result, limits, flags))
+        _progress(_progress_line(found.student, result, limits, flags) + tail)
         log.info("%s (%s): %s, status %s, seed %s, %.1f s%s", found.student, result.notebook,
                  f"{result.score:g}/{result.max_score:g}", result.status, result.seed, result.seconds,
                  f", flagged: {'; '.join(flags)}" if flags else "")
@@ -606,48 +694,43 @@ def grade_command(args) -> int:
             log.warning("%s: not graded: %s", found.student, result.error)
         return data
 
-    try:
-        with Gradebook(url) as gb:
-            gbk.sync_assignment(gb, assignment)
-            for found in scan.found:
-                student, claim = found.student, found.claim
-                shown_path = safe(str(claim.path), limits.path_chars) if claim else ""
-                if found.problem:
-                    reports.append(not_graded(found, found.problem, shown_path))
-                    continue
-                read = read_claim(claim, limits.notebook_bytes)
-                if read.data is None:
-                    reports.append(not_graded(found, f"{shown_path} {read.problem}", shown_path, read.digest))
-                    continue
-                flags = bounded_flags(found.flags, limits)
-                saved = None if args.force else _saved(results_dir / f"{student}.json", read.digest, flags)
-                # Skipped only if the gradebook also has the row (it may be a new or restored one).
-                if saved is not None and gbk.has_submission(gb, assignment, student):
-                    saved["skipped"] = True
-                    reports.append(saved)
-                    flagged = f" FLAGGED: {safe('; '.join(flags), limits.progress_chars)}" if flags else ""
-                    _progress(f"{student}: already graded ({saved['score']:g} / {saved['max_score']:g}); "
-                              f"--force regrades{flagged}")
-                    continue
-                # Graded from a private copy of the bytes read (and hashed) above: what is graded is
-                # what was checked, whatever happens to the submissions folder meanwhile.
-                copy = copies / str(len(reports)) / claim.parts[-1]
-                copy.parent.mkdir()
-                copy.write_bytes(read.data)
-                try:
-                    result = grader.grade(copy, student=student, seed=args.seed, label=str(claim.path))
-                finally:
-                    shutil.rmtree(copy.parent, ignore_errors=True)
-                reports.append(finish(found, result, read.digest, read.mtime))
-            statuses = {}
-            for f in sorted(results_dir.glob("*.json")):
-                try:
-                    statuses[f.stem] = json.loads(f.read_text(encoding="utf-8"))
-                except (OSError, ValueError):
-                    pass
-            table = gbk.rows(gb, assignment, statuses, limits)
-    finally:
-        shutil.rmtree(copies, ignore_errors=True)
+    with Gradebook(url) as gb:
+        gbk.sync_assignment(gb, assignment)
+        todo = []  # (index, found) of the submissions to grade, in scan order
+        for found in scan.found:
+            i, student, claim = len(reports), found.student, found.claim
+            reports.append(None)
+            shown_path = safe(str(claim.path), limits.path_chars) if claim else ""
+            if found.problem:
+                reports[i] = not_graded(found, found.problem, shown_path)
+                continue
+            read = read_claim(claim, limits.notebook_bytes)
+            if read.data is None:
+                reports[i] = not_graded(found, f"{shown_path} {read.problem}", shown_path, read.digest)
+                continue
+            flags = bounded_flags(found.flags, limits)
+            saved = None if args.force else _saved(results_dir / f"{student}.json", read.digest, flags)
+            # Skipped only if the gradebook also has the row (it may be a new or restored one).
+            if saved is not None and gbk.has_submission(gb, assignment, student):
+                saved["skipped"] = True
+                reports[i] = saved
+                flagged = f" FLAGGED: {safe('; '.join(flags), limits.progress_chars)}" if flags else ""
+                _progress(f"{student}: already graded ({saved['score']:g} / {saved['max_score']:g}); "
+                          f"--force regrades{flagged}")
+                continue
+            todo.append((i, found))
+        if todo:
+            code = _grade_batch(args, todo, reports, grader, sandbox, forbidden, overrides, warm, limits,
+                                not_graded, finish, len(scan.found))
+            if code is not None:
+                return code
+        statuses = {}
+        for f in sorted(results_dir.glob("*.json")):
+            try:
+                statuses[f.stem] = json.loads(f.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                pass
+        table = gbk.rows(gb, assignment, statuses, limits)
     csv_path = out / f"{assignment.key}_grades.csv"
     gbk.write_csv(csv_path, table, limits)
     faults = [r for r in reports if r.get("status") == GRADER_ERROR]

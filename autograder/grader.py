@@ -171,8 +171,12 @@ class Grader:
     """Grades submissions of one assignment; build once per batch, then call `grade` per notebook."""
 
     def __init__(self, assignment: Assignment, *, limits: Limits | None = None, overrides: dict | None = None,
-                 sandbox=None, python: str = sys.executable):
-        """`limits` are the defaults, the assignment's `LIMITS` apply on top, then `overrides` (an instructor's)."""
+                 sandbox=None, python: str = sys.executable, warm: bool = False):
+        """`limits` are the defaults, the assignment's `LIMITS` apply on top, then `overrides` (an instructor's).
+
+        `warm`: fork each submission's worker from one pre-imported template (autograder/warm.py)
+        instead of starting Python and torch again; needs the sandbox and a memory cgroup, else
+        `warm_problem` says why and workers start fresh."""
         self.assignment = assignment
         self.module, self.checks = load_hidden_checks(assignment)
         self.limits = (limits or DEFAULT).for_assignment(getattr(self.module, "LIMITS", None)).replace(
@@ -193,6 +197,26 @@ class Grader:
         if wrong:
             raise GraderConfigError("hidden test points do not add up to the notebook's: " + ", ".join(
                 f"{p}: {t:g} hidden vs {n:g} visible" for p, (t, n) in wrong.items()))
+        self.template, self.warm_problem = None, "not asked for"
+        if warm:
+            from .warm import Template, TemplateUnavailable
+
+            try:
+                self.template, self.warm_problem = Template(sandbox, self.limits, Submission.base_env()), ""
+            except TemplateUnavailable as exc:
+                self.warm_problem = str(exc)
+                log.warning("no warm start: %s", exc)
+
+    def close(self) -> None:
+        """End the warm start's template, if there is one (it also ends when this process does)."""
+        if self.template is not None:
+            self.template.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
     def _result(self, path, student: str, seed: int) -> Result:
         return Result(assignment=self.assignment.key, notebook=str(path), student=student, seed=seed,
@@ -232,7 +256,7 @@ class Grader:
             result.notes.append(f"this notebook was generated for {nb.assignment[:60]!r}, "
                                 f"graded as {self.assignment.key}")
         with Submission(code_cells(nb), limits=self.limits, seed=result.seed, sandbox=self.sandbox,
-                        python=self.python, notebook=path) as sub:
+                        python=self.python, notebook=path, template=self.template) as sub:
             self._run_checks(sub, result)
             result.notes += [f"{e['cell']}, line {e['line']}: {e['error']}" for e in sub.load_errors]
             result.notes += sub.load_notes

@@ -8,6 +8,9 @@ The trusted side never blocks on the worker: both pipes are non-blocking, every 
 and every read has a deadline (the call's limit, capped by what is left of the
 submission's), and a worker that misses one is killed. Every reply is checked against
 the protocol's schema; anything malformed is the learner's failure for that call.
+
+With a warm start (`autograder.warm`), a worker is forked from a pre-imported template
+instead of started; everything above holds for it the same way.
 """
 
 from __future__ import annotations
@@ -106,8 +109,12 @@ class Submission:
     """
 
     def __init__(self, cells: list[dict], *, limits: Limits = DEFAULT, seed: int = 0, env: dict | None = None,
-                 python: str = sys.executable, sandbox=None, notebook: str | Path | None = None):
+                 python: str = sys.executable, sandbox=None, notebook: str | Path | None = None, template=None):
         self.cells = cells
+        # an autograder.warm.Template to fork workers from (the warm start), or None; it is
+        # used only with the sandbox and without extra environment variables (a template has one
+        # environment); the notebook is not shown in a warm worker, whose code comes in the load request
+        self.template = template if sandbox is not None and not env else None
         self.limits = limits
         self.seed = seed
         self.deadline = time.monotonic() + limits.submission_seconds
@@ -118,6 +125,8 @@ class Submission:
         self.notebook = notebook  # shown read-only inside the sandbox
         self.proc: subprocess.Popen | None = None
         self._release = None  # the sandbox's clean-up for the running worker (its cgroup)
+        self._cgroup: str | None = None  # the running worker's memory cgroup, when it has one
+        self._watch: list[int] = []  # a warm worker's pidfd
         self.generation = 0
         self.load_errors: list[dict] = []
         self.load_notes: list[str] = []
@@ -129,10 +138,12 @@ class Submission:
         self._decode = P.Decoder(self._handle, max_depth=limits.reply_depth, max_dims=limits.array_dims)
 
     # process management --------------------------------------------------------------
-    def _env(self) -> dict:
-        env = {
+    @staticmethod
+    def base_env(home: str = "/tmp") -> dict:
+        """The worker's environment (also a warm template's, whose workers inherit it)."""
+        return {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            "HOME": self._tmp.name,
+            "HOME": home,
             "LANG": "C.UTF-8",
             "OMP_NUM_THREADS": "1",
             "MKL_NUM_THREADS": "1",
@@ -140,6 +151,9 @@ class Submission:
             "PYTHONHASHSEED": "0",
             "PYTHONDONTWRITEBYTECODE": "1",
         }
+
+    def _env(self) -> dict:
+        env = self.base_env(self._tmp.name)
         env.update(self.extra_env)
         return env
 
@@ -150,19 +164,35 @@ class Submission:
         tail = [str(req_r), str(rep_w)]
         close_after: list[int] = []
         release = None
+        cgroup = None
+        child = None
+        if self.template is not None:
+            from .warm import TemplateUnavailable
+
+            t0 = time.monotonic()
+            try:
+                child = self.template.spawn(req_r, rep_w, out_w)
+            except TemplateUnavailable:
+                child = None  # graded by a fresh worker, as without the warm start
+            # starting or replacing a template is the grader's cost, never the learner's
+            self.deadline += time.monotonic() - t0
         try:
-            if self.sandbox is not None:
+            if child is not None:
+                self.proc, release, cgroup = child, child.end, child.cgroup
+            elif self.sandbox is not None:
                 w = self.sandbox.wrap(tail, files=WORKER_FILES, env=self._env(),
                                       notebook=self.notebook, extra_fds=(req_r, rep_w))
                 close_after, release = w.close_fds, getattr(w, "release", None)
+                cgroup = getattr(w, "cgroup", None)
                 argv, pass_fds, env, cwd = w.argv, w.pass_fds, w.env, w.cwd
             else:
                 argv = [self.python, "-I", str(WORKER_FILES[0]), *tail]
                 pass_fds, env, cwd = (req_r, rep_w), self._env(), self._tmp.name
-            self.proc = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=out_w, stderr=out_w, pass_fds=pass_fds, cwd=cwd, env=env,
-                start_new_session=True,  # its own process group: one kill ends everything it started
-            )
+            if child is None:
+                self.proc = subprocess.Popen(
+                    argv, stdin=subprocess.DEVNULL, stdout=out_w, stderr=out_w, pass_fds=pass_fds, cwd=cwd, env=env,
+                    start_new_session=True,  # its own process group: one kill ends everything it started
+                )
         except BaseException:
             for fd in (req_r, req_w, rep_r, rep_w, out_r, out_w, *close_after):
                 try:
@@ -173,6 +203,8 @@ class Submission:
                 release()
             raise
         self._release = release
+        self._cgroup = cgroup
+        self._watch = [child.pidfd] if child is not None else []  # readable once the warm worker has ended
         for fd in (req_r, rep_w, out_w, *close_after):
             os.close(fd)
         os.set_blocking(req_w, False)
@@ -185,17 +217,22 @@ class Submission:
     def _kill(self) -> None:
         if self.proc is None:
             return
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
+        if isinstance(self.proc, subprocess.Popen):
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        # a warm worker (autograder.warm.Child) is not our child: its release kills its cgroup
+        # and waits until it is empty
         if self._release is not None:
             self._release()
             self._release = None
+        self._cgroup = None
+        self._watch = []
         for fd in (self._req, self._rep):
             try:
                 os.close(fd)
@@ -257,6 +294,103 @@ class Submission:
                              + len(value["notes"]) - len(notes))
         return errors, notes
 
+    # memory ----------------------------------------------------------------------------
+    def memory_meter(self):
+        """Start measuring the running worker's memory; returns `stop`, which returns
+        (peak bytes above the usage at the start, source) or (None, None).
+
+        Everything is read by this (trusted) process from the kernel, never from the worker:
+        * "cgroup": the worker's memory cgroup, all its processes together. cgroup v2's
+          memory.peak is reset for our own open descriptor (Linux 6.12 and later), so the
+          peak is the call's alone; where that write is refused, the peak can only be seen
+          when the call raises the cgroup's lifetime peak, and a rise is what is reported
+          (a lower bound: never more than the call used). v1's max_usage_in_bytes is reset.
+        * "process": without a sandbox (a learner checking their own work), the worker
+          process's VmHWM, reset through /proc/PID/clear_refs; processes the learner's code
+          starts are not counted there.
+        """
+        none = lambda: (None, None)  # noqa: E731
+        if self.proc is None:
+            return none
+        try:
+            if self._cgroup is not None:
+                return self._cgroup_meter(self._cgroup)
+            if self.sandbox is None:
+                return self._process_meter(self.proc.pid)
+        except (OSError, ValueError):
+            pass
+        return none
+
+    @staticmethod
+    def _cgroup_meter(path: str):
+        def read(name: str) -> int:
+            with open(os.path.join(path, name), "rb") as f:
+                return int(f.read(64).split()[0])
+
+        peak_file = os.path.join(path, "memory.peak")
+        if os.path.exists(peak_file):
+            try:
+                fd = os.open(peak_file, os.O_RDWR | os.O_CLOEXEC)
+            except OSError:
+                fd = -1
+            if fd >= 0:
+                try:
+                    os.write(fd, b"reset\n")
+                except OSError:
+                    os.close(fd)
+                    fd = -1
+            start = read("memory.current")
+            if fd >= 0:
+                def stop():
+                    try:
+                        return max(int(os.pread(fd, 64, 0).split()[0]) - start, 0), "cgroup"
+                    except (OSError, ValueError, IndexError):
+                        return None, None
+                    finally:
+                        os.close(fd)
+                return stop
+            before = read("memory.peak")
+
+            def stop_lifetime():
+                try:
+                    after = read("memory.peak")
+                except (OSError, ValueError, IndexError):
+                    return None, None
+                return (max(after - start, 0) if after > before else 0), "cgroup"
+            return stop_lifetime
+        # cgroup v1: the trusted side may reset the high-water mark
+        _write_int = os.path.join(path, "memory.max_usage_in_bytes")
+        with open(_write_int, "w") as f:
+            f.write("0")
+        start = read("memory.usage_in_bytes")
+
+        def stop_v1():
+            try:
+                return max(read("memory.max_usage_in_bytes") - start, 0), "cgroup"
+            except (OSError, ValueError, IndexError):
+                return None, None
+        return stop_v1
+
+    @staticmethod
+    def _process_meter(pid: int):
+        def status(field: str) -> int:
+            with open(f"/proc/{pid}/status", "rb") as f:
+                for line in f.read(1 << 16).splitlines():
+                    if line.startswith(field.encode() + b":"):
+                        return int(line.split()[1]) * 1024
+            raise ValueError(field)
+
+        with open(f"/proc/{pid}/clear_refs", "w") as f:
+            f.write("5")  # the peak resident set becomes the current one
+        start = status("VmRSS")
+
+        def stop():
+            try:
+                return max(status("VmHWM") - start, 0), "process"
+            except (OSError, ValueError, IndexError):
+                return None, None
+        return stop
+
     # requests --------------------------------------------------------------------------
     def _request(self, req: dict, *, name: str, timeout: float | None = None):
         req_id = self._next_id
@@ -275,7 +409,10 @@ class Submission:
             if left <= 0:
                 self._kill()
                 raise CallTimeout(name, limit)
-            _, ready, _ = select.select([], [self._req], [], left)
+            dead, ready, _ = select.select(self._watch, [self._req], [], left)
+            if dead and not ready:
+                self._kill()
+                raise WorkerDied(name)
             if not ready:
                 continue
             try:
@@ -294,9 +431,14 @@ class Submission:
             if left <= 0:
                 self._kill()
                 raise CallTimeout(name, limit)
-            ready, _, _ = select.select([self._rep], [], [], left)
+            ready, _, _ = select.select([self._rep, *self._watch], [], [], left)
             if not ready:
                 continue
+            if self._rep not in ready:
+                # A warm worker is not its PID namespace's first process: its death does not end the
+                # processes it started, which may hold the reply pipe open. It died: so does the rest.
+                self._kill()
+                raise WorkerDied(name)
             try:
                 chunk = os.read(self._rep, 1 << 20)
             except BlockingIOError:
@@ -403,6 +545,13 @@ class RemoteObject:
 
 
 @dataclass
+class MemoryUse:
+    output: object
+    peak_bytes: int | None  # the call's peak above the worker's usage when it started
+    source: str | None      # "cgroup", "process", or None when it cannot be measured here
+
+
+@dataclass
 class GradResult:
     output: object
     arg_grads: list
@@ -451,6 +600,21 @@ class Learner:
         CPU tensor of one or more dimensions failing, as CUDA fails with CPU tensors."""
         tgt, label = self._target(target)
         return _call(self._sub, tgt, label, args, kwargs, device_check=True)
+
+    def memory_peak(self, target, *args, **kwargs) -> MemoryUse:
+        """Call `target` and measure, from this process, the worker's peak memory during the
+        call (all of its processes where it has a cgroup); see `Submission.memory_meter`."""
+        sub = self._sub
+        tgt, label = self._target(target)
+        sub.ensure_started()
+        stop = sub.memory_meter()
+        try:
+            output = _call(sub, tgt, label, args, kwargs)
+        except BaseException:
+            stop()
+            raise
+        peak, source = stop()
+        return MemoryUse(output, peak, source)
 
     def with_grad(self, target, *args, cotangents=(), params=False, **kwargs) -> GradResult:
         sub = self._sub

@@ -43,7 +43,7 @@ SECCOMP_RET_KILL_PROCESS = 0x80000000
 SECCOMP_RET_ERRNO = 0x00050000
 SECCOMP_RET_ALLOW = 0x7FFF0000
 # offsets in struct seccomp_data (little-endian: the low word of args[0] comes first)
-OFF_NR, OFF_ARCH, OFF_ARG0_LO = 0, 4, 16
+OFF_NR, OFF_ARCH, OFF_ARG0_LO, OFF_ARG1_LO = 0, 4, 16, 24
 
 CLONE_NEWTIME = 0x00000080
 CLONE_NEWNS = 0x00020000
@@ -56,6 +56,9 @@ CLONE_NEWNET = 0x40000000
 CLONE_NEW_ANY = (CLONE_NEWTIME | CLONE_NEWNS | CLONE_NEWCGROUP | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER
                  | CLONE_NEWPID | CLONE_NEWNET)
 PER_LINUX, PER_QUERY = 0x0, 0xFFFFFFFF
+CLONE_PARENT = 0x00008000
+F_SETOWN, F_SETSIG, F_SETOWN_EX = 8, 10, 15
+FIOSETOWN, SIOCSPGRP = 0x8901, 0x8902
 
 # Blocked families: (why, names). A name missing from an architecture's table (iopl on
 # aarch64) simply does not exist there.
@@ -109,6 +112,9 @@ X86_64: dict[str, int] = {
     "lookup_dcookie": 212, "vhangup": 153, "nfsservctl": 180,
     "iopl": 172, "ioperm": 173, "modify_ldt": 154,
     "settimeofday": 164, "clock_settime": 227, "adjtimex": 159, "clock_adjtime": 305,
+    # the warm start's child filter (`child_program`)
+    "kill": 62, "tkill": 200, "tgkill": 234, "rt_sigqueueinfo": 129, "rt_tgsigqueueinfo": 297, "pidfd_open": 434,
+    "pidfd_send_signal": 424, "fcntl": 72, "ioctl": 16, "shmget": 29, "semget": 64, "msgget": 68, "mq_open": 240,
 }
 AARCH64: dict[str, int] = {
     "clone": 220, "clone3": 435, "personality": 92,
@@ -125,6 +131,8 @@ AARCH64: dict[str, int] = {
     "swapon": 224, "swapoff": 225, "reboot": 142, "acct": 89, "quotactl": 60, "quotactl_fd": 443, "syslog": 116,
     "lookup_dcookie": 18, "vhangup": 58, "nfsservctl": 42,
     "settimeofday": 170, "clock_settime": 112, "adjtimex": 171, "clock_adjtime": 266,
+    "kill": 129, "tkill": 130, "tgkill": 131, "rt_sigqueueinfo": 138, "rt_tgsigqueueinfo": 240, "pidfd_open": 434,
+    "pidfd_send_signal": 424, "fcntl": 25, "ioctl": 29, "shmget": 194, "semget": 190, "msgget": 186, "mq_open": 180,
 }
 TABLES = {AUDIT_ARCH_X86_64: X86_64, AUDIT_ARCH_AARCH64: AARCH64}
 ARCH_NAMES = {AUDIT_ARCH_X86_64: "x86_64", AUDIT_ARCH_AARCH64: "aarch64"}
@@ -204,6 +212,75 @@ def program(errno_blocked: int = errno.EPERM) -> bytes:
         a.ret(SECCOMP_RET_ERRNO | errno.ENOSYS)
         a.label(p + "allow")
         a.ret(SECCOMP_RET_ALLOW)
+    return a.assemble()
+
+
+# The warm start (autograder/warm.py): a learner's worker is forked from a template process
+# that runs as the same uid in the same PID and IPC namespace. This second filter, loaded by
+# each forked worker before any learner code runs (on top of `program`), keeps it from
+# reaching the template or leaving anything in the shared namespaces for the next learner.
+CHILD_DENIED = ("tkill", "pidfd_send_signal", "shmget", "semget", "msgget", "mq_open")
+CHILD_RULES = {
+    "kill": "EPERM for the template's pid, process group and session, their negatives, and -1 (every process)",
+    "tgkill, rt_sigqueueinfo, rt_tgsigqueueinfo, pidfd_open": "EPERM when the target is a protected pid",
+    "tkill, pidfd_send_signal": "EPERM (a thread id or a /proc folder can name the template)",
+    "fcntl F_SETOWN, F_SETOWN_EX, F_SETSIG; ioctl FIOSETOWN, SIOCSPGRP":
+        "EPERM: SIGIO/SIGURG (or any signal F_SETSIG chooses) would reach the owner set there",
+    "clone with CLONE_PARENT": "EPERM: a sibling of the worker would be the template's child",
+    "shmget, semget, msgget, mq_open": "EPERM: SysV IPC objects and POSIX message queues outlive their "
+                                       "processes in the namespace the next learner shares",
+}
+
+
+def child_program(protected: tuple[int, ...] | list[int]) -> bytes:
+    """The warm-start worker's extra filter; `protected` are the pids (in the sandbox's PID
+    namespace) of the template, its process group and session, and the namespace's init."""
+    prot = sorted({p & 0xFFFFFFFF for p in protected if p > 0})
+    signal_targets = sorted(set(prot) | {(-p) & 0xFFFFFFFF for p in prot} | {0xFFFFFFFF})
+    a = _Asm()
+    a.ld(OFF_ARCH)
+    for arch in TABLES:
+        a.jump(BPF_JEQ, arch, f"arch_{arch:x}")
+    a.ret(SECCOMP_RET_KILL_PROCESS)
+    for arch, t in TABLES.items():
+        p = f"{arch:x}_"
+        a.label(f"arch_{arch:x}")
+        a.ld(OFF_NR)
+        a.jump(BPF_JEQ, t["kill"], p + "kill")
+        for name in ("tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo", "pidfd_open"):
+            a.jump(BPF_JEQ, t[name], p + "target")
+        a.jump(BPF_JEQ, t["fcntl"], p + "fcntl")
+        a.jump(BPF_JEQ, t["ioctl"], p + "ioctl")
+        a.jump(BPF_JEQ, t["clone"], p + "clone")
+        for name in CHILD_DENIED:
+            a.jump(BPF_JEQ, t[name], p + "eperm")
+        a.ret(SECCOMP_RET_ALLOW)
+        a.label(p + "kill")
+        a.ld(OFF_ARG0_LO)
+        for v in signal_targets:
+            a.jump(BPF_JEQ, v, p + "eperm")
+        a.ret(SECCOMP_RET_ALLOW)
+        a.label(p + "target")
+        a.ld(OFF_ARG0_LO)
+        for v in prot + [0xFFFFFFFF]:
+            a.jump(BPF_JEQ, v, p + "eperm")
+        a.ret(SECCOMP_RET_ALLOW)
+        a.label(p + "fcntl")
+        a.ld(OFF_ARG1_LO)
+        for v in (F_SETOWN, F_SETSIG, F_SETOWN_EX):
+            a.jump(BPF_JEQ, v, p + "eperm")
+        a.ret(SECCOMP_RET_ALLOW)
+        a.label(p + "ioctl")
+        a.ld(OFF_ARG1_LO)
+        for v in (FIOSETOWN, SIOCSPGRP):
+            a.jump(BPF_JEQ, v, p + "eperm")
+        a.ret(SECCOMP_RET_ALLOW)
+        a.label(p + "clone")
+        a.ld(OFF_ARG0_LO)
+        a.jump(BPF_JSET, CLONE_PARENT, p + "eperm", 0)
+        a.ret(SECCOMP_RET_ALLOW)
+        a.label(p + "eperm")
+        a.ret(SECCOMP_RET_ERRNO | errno.EPERM)
     return a.assemble()
 
 

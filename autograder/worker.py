@@ -9,6 +9,11 @@ code cell with `ast` and runs only the top level's imports, functions, classes a
 assignments (expressions such as plots and prints, loops, `with` blocks and asserts are
 skipped), so a notebook built to be slow to parse costs only its own time limit.
 
+Started as ``python -I worker.py --template CTRL_FD`` it is instead the warm start's
+template (see `autograder.warm`): it imports NumPy and PyTorch once, then, for each
+submission, wipes the sandbox's writable folders and forks a worker that runs `main` on
+the pipes the trusted side passed over CTRL_FD. The template never runs learner code.
+
 This file depends on the standard library, NumPy and (lazily) PyTorch only.
 """
 
@@ -119,6 +124,8 @@ def _learner_error(exc: BaseException, kind: str = P.KIND_LEARNER) -> _Reply:
 
 
 class Worker:
+    warm = False  # forked from a template that had imported torch already
+
     def __init__(self):
         self.ns: dict = {"__name__": "__learner__", "__builtins__": __builtins__}
         self.handles: dict[int, object] = {}
@@ -157,6 +164,10 @@ class Worker:
     # operations ------------------------------------------------------------------------
     def op_load(self, req):
         self.op_seed(req)
+        if self.warm:
+            # A fresh worker has not imported torch yet when the load is seeded, so the learner's
+            # top level meets torch's import-time seed (random, from the OS); so does a warm one.
+            sys.modules["torch"].seed()
         todo, notes = statements(req["cells"])
         errors = []
         for st in todo:
@@ -263,6 +274,8 @@ def _error(req_id, kind, etype, message) -> dict:
 
 
 def main(argv: list[str]) -> int:
+    if argv[1:2] == ["--template"]:
+        return template_main(int(argv[2]))
     req_fd, reply_fd = int(argv[1]), int(argv[2])
     # Learner code sees /dev/null as stdin; requests and replies use private descriptors.
     devnull = os.open(os.devnull, os.O_RDONLY)
@@ -298,6 +311,170 @@ def main(argv: list[str]) -> int:
             data = P.frame(_error(req_id, P.KIND_CODEC, "CodecError",
                                   f"the result could not be encoded: {type(exc).__name__}"))
         _write(reply_fd, data)
+
+
+# --- the warm start's template ---------------------------------------------------------------
+
+PR_SET_DUMPABLE, PR_SET_SECCOMP, PR_SET_NO_NEW_PRIVS, SECCOMP_MODE_FILTER = 4, 22, 38, 2
+WIPED = ("/tmp", "/dev/shm")  # every folder the sandbox lets the learner write to
+
+
+def _prctl(*args) -> None:
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(*[ctypes.c_ulong(a) if isinstance(a, int) else a for a in args]) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+def _load_filter(prog: bytes) -> None:
+    import ctypes
+
+    class Fprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    buf = ctypes.create_string_buffer(prog, len(prog))
+    fprog = Fprog(len(prog) // 8, ctypes.cast(buf, ctypes.c_void_p))
+    _prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    _prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0)
+
+
+def _wipe(top: str) -> int:
+    """Remove everything under `top`, never following a link; how many entries are left.
+    Anything it cannot remove (a tree too deep, say) is counted, and the trusted side then
+    throws the whole template away instead of forking from it."""
+    import stat
+
+    def rm(path: str, depth: int) -> None:
+        st = os.lstat(path)
+        if stat.S_ISDIR(st.st_mode):
+            if depth > 64:
+                return
+            os.chmod(path, stat.S_IRWXU)  # the learner may have made it unreadable: it is ours (same uid)
+            for name in os.listdir(path):
+                rm(os.path.join(path, name), depth + 1)
+            os.rmdir(path)
+        else:
+            os.unlink(path)
+
+    try:
+        for name in os.listdir(top):
+            try:
+                rm(os.path.join(top, name), 0)
+            except OSError:
+                pass
+        return len(os.listdir(top))
+    except OSError:
+        return 1
+
+
+def _shared_writable_mappings() -> int:
+    """Writable shared mappings would be shared with every forked worker: there must be none."""
+    n = 0
+    with open("/proc/self/maps") as f:
+        for line in f:
+            perms = line.split()[1]
+            if perms[1] == "w" and perms[3] == "s":
+                n += 1
+    return n
+
+
+def _child(fds: list[int], ctrl, prog: bytes) -> None:
+    """In the forked worker: become the submission's worker on the passed pipes. Never returns."""
+    import signal
+
+    code = 70
+    try:
+        os.setsid()  # its own session and process group: kill(0) and killpg reach only its own
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        req_fd, reply_fd, out_fd = fds
+        ctrl.close()
+        os.dup2(out_fd, 1)
+        os.dup2(out_fd, 2)
+        keep = {0, 1, 2, req_fd, reply_fd}
+        for name in os.listdir("/proc/self/fd"):
+            fd = int(name)
+            if fd not in keep:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        os.chdir("/tmp")
+        _load_filter(prog)
+        code = main([sys.argv[0], str(req_fd), str(reply_fd)])
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except BaseException:
+            pass
+        os._exit(code if isinstance(code, int) else 70)
+
+
+def template_main(ctrl_fd: int) -> int:
+    """The warm start's template: import once, then fork one worker per request on CTRL_FD.
+
+    Messages are JSON on a SOCK_SEQPACKET socket. The trusted side sends ``{"op": "spawn"}``
+    with three descriptors (requests, replies, output); the template wipes /tmp and /dev/shm
+    (the previous worker's cgroup is empty by then), forks, and answers ``{"pid", "left"}``:
+    the worker's pid in the sandbox and the number of entries the wipe could not remove."""
+    import json
+    import signal
+    import socket
+    import time
+
+    import numpy as np
+    import torch
+
+    torch.set_num_threads(1)
+    torch.ones(8, 8) @ torch.ones(8, 8), np.ones(8) @ np.ones(8)  # lazy initialisation, once, before any fork
+    import seccomp as S
+
+    _prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # /proc/PID/mem, environ and ptrace of us need CAP_SYS_PTRACE now
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # workers are reaped by the kernel
+    me = os.getpid()
+    prog = S.child_program(sorted({1, me, os.getpgid(0), os.getsid(0)}))
+    Worker.warm = True
+    ctrl = socket.socket(fileno=ctrl_fd)
+    hello = {"ready": True, "pid": me, "threads": len(os.listdir("/proc/self/task")),
+             "shared": _shared_writable_mappings()}
+    ctrl.send(json.dumps(hello).encode())
+    while True:
+        try:
+            msg, fds, _, _ = socket.recv_fds(ctrl, 4096, 3)
+        except OSError:
+            return 1
+        if not msg:
+            return 0
+        try:
+            req = json.loads(msg)
+        except ValueError:
+            req = None
+        if not isinstance(req, dict) or req.get("op") != "spawn" or len(fds) != 3:
+            for fd in fds:
+                os.close(fd)
+            ctrl.send(json.dumps({"error": "bad request"}).encode())
+            continue
+        left = sum(_wipe(top) for top in WIPED)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = -1
+        for attempt in range(50):
+            try:
+                pid = os.fork()
+                break
+            except BlockingIOError:
+                # EAGAIN: the previous worker's processes are dead but not all reaped yet, and
+                # they still count against the uid's process limit
+                time.sleep(0.02 * (attempt + 1))
+        if pid == 0:
+            _child(fds, ctrl, prog)
+        for fd in fds:
+            os.close(fd)
+        ctrl.send(json.dumps({"pid": pid, "left": left} if pid > 0 else {"error": "fork failed"}).encode())
 
 
 if __name__ == "__main__":

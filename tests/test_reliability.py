@@ -33,8 +33,10 @@ def _rows(db: Path) -> list[tuple]:
         con.close()
 
 
-@pytest.fixture(scope="module")
-def killed_and_resumed(tmp_path_factory):
+@pytest.fixture(scope="module", params=[1, 2], ids=["1job", "2jobs"])
+def killed_and_resumed(request, tmp_path_factory):
+    """A batch killed after two grades, resumed, and run again: the same with one job or two at once."""
+    jobs = ["--jobs", str(request.param)]
     base = tmp_path_factory.mktemp("reliability")
     subs, out = base / "subs", base / "out"
     expected = {}
@@ -42,7 +44,7 @@ def killed_and_resumed(tmp_path_factory):
         name = f"s{i}"
         write(reference_notebook(KEY) if i % 2 == 0 else learner_notebook(KEY), subs / f"{name}.ipynb")
         expected[name] = 26.0 if i % 2 == 0 else 0.0
-    cmd = [sys.executable, "-m", "autograder", "grade", str(subs), "--assignment", KEY, "--out", str(out)]
+    cmd = [sys.executable, "-m", "autograder", "grade", str(subs), "--assignment", KEY, "--out", str(out), *jobs]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, OMP_NUM_THREADS="1"))
     graded_before_kill = []
@@ -56,9 +58,9 @@ def killed_and_resumed(tmp_path_factory):
     proc.wait(timeout=60)
     time.sleep(0.5)
     rows_after_kill = _rows(out / "gradebook.db")
-    resumed = run_cli("grade", str(subs), "--assignment", KEY, "--out", str(out))
-    again = run_cli("grade", str(subs), "--assignment", KEY, "--out", str(out))
-    return {"base": base, "subs": subs, "out": out, "expected": expected, "killed_rc": proc.returncode,
+    resumed = run_cli("grade", str(subs), "--assignment", KEY, "--out", str(out), *jobs)
+    again = run_cli("grade", str(subs), "--assignment", KEY, "--out", str(out), *jobs)
+    return {"base": base, "subs": subs, "out": out, "expected": expected, "jobs": jobs, "killed_rc": proc.returncode,
             "before": graded_before_kill, "rows_after_kill": rows_after_kill, "resumed": resumed, "again": again}
 
 
@@ -111,7 +113,7 @@ def test_changed_submission_is_regraded_and_lost_gradebook_rows_are_restored(kil
     write(reference_notebook(KEY), k["subs"] / "s1.ipynb")  # s1 resubmits a correct notebook
     other_db = k["base"] / "fresh.db"
     proc = run_cli("grade", str(k["subs"]), "--assignment", KEY, "--out", str(k["out"]),
-                   "--gradebook", f"sqlite:///{other_db}", "--json")
+                   "--gradebook", f"sqlite:///{other_db}", "--json", *k["jobs"])
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     # a gradebook without these rows is filled again, not skipped because results exist

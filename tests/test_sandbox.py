@@ -652,3 +652,49 @@ def test_cgroup_folders_are_found_from_mountinfo(tmp_path):
     assert "not delegated" in MemoryCgroups._prepare(str(v2), 2, explicit=True)
     cg, why = MemoryCgroups.find(2**30, env={"AUTOGRADER_CGROUP_PARENT": "none"})
     assert cg is None and "off" in why
+
+
+# --- the trusted side's memory measurement (exercise 07's tiled attention relies on it) ---
+
+HOGS = '''
+import os
+def small():
+    return bytearray(1 << 20)[:1]
+def big():
+    return bytearray(MiB * (1 << 20))[:1]  # touched: bytearray zero-fills
+def big_then_reset():
+    b = bytearray(MiB * (1 << 20))
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # a learner resetting its own peak to hide it
+    except OSError:
+        pass
+    return b[:1]
+def big_in_child():
+    pid = os.fork()
+    if pid == 0:
+        bytearray(MiB * (1 << 20))
+        os._exit(0)
+    os.waitpid(pid, 0)
+    return b"x"
+'''
+
+
+@pytest.mark.parametrize("sandboxed", [False, True], ids=["process", "sandbox"])
+def test_memory_peak_is_measured_by_the_trusted_side(sandbox, sandboxed):
+    if sandboxed:
+        _needs_cgroup(sandbox)
+    mib, MiB = 300, 2**20
+    with Submission(_code(f"MiB = {mib}\n" + HOGS), sandbox=sandbox if sandboxed else None) as sub:
+        learner = Learner(sub)
+        small = learner.memory_peak("small")
+        assert small.source == ("cgroup" if sandboxed else "process")
+        assert small.peak_bytes is not None and small.peak_bytes < 50 * MiB
+        for name in ("big", "big_then_reset", "big_in_child", "small"):
+            use = learner.memory_peak(name)
+            if name == "small":
+                assert use.peak_bytes < 50 * MiB, "a large earlier call must not count against a later small one"
+            elif name in ("big_in_child", "big_then_reset") and not sandboxed:
+                continue  # without a cgroup the learner's own process can hide its peak (documented)
+            else:
+                assert use.peak_bytes > 0.9 * mib * MiB, (name, use)

@@ -1,0 +1,488 @@
+"""Hidden tests for exercise 07_efficient_attention: the online softmax, tiled attention, the
+sliding-window mask and linear attention.
+
+Values are compared with exact computations done here in float64 (softmax, attention with
+a top-left causal mask as `F.scaled_dot_product_attention(is_causal=True)`) or with the
+reference, on random shapes: lengths that are not multiples of the block size, Lq != Lk,
+zero to three leading dimensions, float32 and float64, and float16/bfloat16. A wrong result
+is explained by the typical mistake it matches; those mistakes are recomputed here with a
+blockwise implementation that can be told to make each one.
+
+The memory of tiled attention is measured by the trusted side (`learner.memory_peak`: the
+worker's memory cgroup when sandboxed, the worker process's peak resident memory
+otherwise), never reported by the learner's code, on sizes where one full score matrix is
+far larger than honest blocks. That check pays for any result recognisable as tiled
+attention (right, or a rescaling or scaling mistake, which the value checks already charge),
+so a naive but correct function keeps its value points and loses only these, and a
+tiled function with a rescaling bug loses only the value points.
+
+Causal tiled attention must skip the key blocks above the diagonal; that saves time, not
+memory, and nothing the trusted side can read without timing the learner's code shows it,
+so only its values are checked (a block processed too early or too late shows in them
+when it is not masked).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from autograder.hidden.support import (DEVICE_ERRORS, HALF, Hint, close, diagnose, expect, expect_device_agnostic,
+                                       points, tensor)
+from autograder.runner import LearnerError, NotImplementedRemote
+
+F32, F64 = torch.float32, torch.float64
+OS, TILED, WINDOW, LINEAR = "online_softmax", "tiled_attention", "sliding_window_mask", "linear_attention"
+
+# When the grader cannot measure the worker's memory on this machine (no cgroup and no
+# /proc), the memory check falls back to the value check on the same inputs and pays: a
+# learner is not charged for what the grader cannot see. Set to False to pay nothing then.
+UNMEASURED_MEMORY_PAYS = True
+
+# The memory check's sizes: one float32 score matrix of 8192 x 8192 is 256 MiB, honest blocks
+# of 512 x 512 are 1 MiB, the inputs 0.5 MiB each. A quarter of the full matrix is the bound.
+MEM_L, MEM_D, MEM_BLOCK = 8192, 16, 512
+MEM_BOUND = MEM_L * MEM_L * 4 // 4
+
+# --- hints ----------------------------------------------------------------------------------
+
+OS_GENERIC = ("`online_softmax` differs from torch.softmax(x, -1): keep per row the running maximum m and "
+              "the running sum s of exp(x - m) over the blocks read so far, and return exp(x - m) / s.")
+OS_NO_RESCALE = ("`online_softmax` does not rescale the running sum when the maximum grows: "
+                 "s = s * exp(m_old - m_new) + sum(exp(block - m_new)).")
+OS_OVERFLOW = ("`online_softmax` overflows (inf or NaN) on large scores: subtract the running maximum before "
+               "every exp, in the sum and in the final normalisation.")
+OS_NEG_INF = ("`online_softmax` gives NaN on a row whose first blocks hold only -inf: -inf - (-inf) is NaN. "
+              "While the running maximum is still -inf, shift by 0 instead (exp(-inf) is then 0).")
+OS_HALF = ("`online_softmax` is far from softmax in float16 or bfloat16, or changes the dtype of its input: "
+           "compute in float32 and return x's dtype.")
+
+T_GENERIC = ("`tiled_attention` differs from softmax(q k^T / sqrt(d)) v: for each block of queries keep the "
+             "running maximum m, sum s and output o, rescale s and o by exp(m_old - m_new) for every key "
+             "block, and return o / s.")
+T_NO_OUT_RESCALE = ("`tiled_attention` rescales the running output with the wrong factor (or not at all): "
+                    "when the maximum grows, o = o * exp(m_old - m_new) + exp(scores - m_new) @ v_block.")
+T_NO_SUM_RESCALE = ("`tiled_attention` does not rescale the running sum when the maximum grows: "
+                    "s = s * exp(m_old - m_new) + exp(scores - m_new).sum(-1).")
+T_NO_SCALE = "`tiled_attention` does not divide the scores by sqrt(d), the width of q and k."
+T_NAN = ("`tiled_attention` returns NaN or inf: a rescaling factor exp(m_new - m_old) (inverted), an exp "
+         "without the maximum subtracted, or a query row with no key at all (-inf - (-inf) is NaN).")
+T_SKIP_EARLY = ("Causal `tiled_attention` skips key blocks too early: the block on the diagonal (the keys "
+                "j0 ... j0 + block_size - 1 with j0 = the query block's start) must be processed, masked "
+                "where key j > query i.")
+T_SKIP_LATE = ("Causal `tiled_attention` processes a key block past the diagonal without masking it: every "
+               "key block that starts after the query block's start lies wholly in its future; skip it.")
+T_DIAG_MASKED = "Causal `tiled_attention` masks each query's own key: query i may attend to keys j <= i."
+T_NOT_CAUSAL = "`tiled_attention` ignores causal=True: query i may attend to keys j <= i only."
+T_BOTTOM_RIGHT = ("Causal `tiled_attention` aligns the mask to the end of the keys when Lq != Lk: as in "
+                  "F.scaled_dot_product_attention(is_causal=True), query i may attend to keys j <= i, counted "
+                  "from the start of both sequences.")
+T_HALF = ("`tiled_attention` is far from exact attention in float16 or bfloat16, or changes the dtype of its "
+          "input: compute in float32 and return q's dtype.")
+T_MEMORY = ("`tiled_attention` used {} MiB more memory than before the call, for 8192 queries and keys "
+            "with block_size=512: it builds (nearly) the whole Lq x Lk score matrix, or a softmax over the "
+            "whole key axis at once. Only a (block_size x block_size) block of scores may exist at a time.")
+T_MEMORY_WRONG = ("`tiled_attention`'s memory is judged only when its result is attention: it is neither right "
+                  "nor a recognisable rescaling or scaling mistake on a long input. Fix the value checks first.")
+
+W_GENERIC = ("`sliding_window_mask` must be True where 0 <= i - j < window (causal) or |i - j| < window "
+             "(not causal), with i the row (query) and j the column (key), shaped (size, size).")
+W_OFF_BY_ONE = ("`sliding_window_mask`'s window is off by one: a window of w lets query i see the keys with "
+                "i - j < w (causal: itself and the w - 1 before it), not <= w or < w - 1.")
+W_INVERTED = "`sliding_window_mask` is inverted: True marks the keys a query may attend to."
+W_TRANSPOSED = ("`sliding_window_mask` is transposed: rows are queries, columns keys, and a causal query sees "
+                "the keys before it (j <= i).")
+W_CAUSAL_IGNORED = "`sliding_window_mask` ignores causal: causal=True (the default) keeps only 0 <= i - j < window."
+W_ALWAYS_CAUSAL = "`sliding_window_mask` is causal even when causal=False: then |i - j| < window."
+W_DEVICE = ("`sliding_window_mask` does not create its mask on the device it is given: pass device= to the "
+            "tensors it builds (torch.arange(size, device=device)).")
+
+L_GENERIC = ("`linear_attention` differs from phi(q) (phi(k)^T v) / (phi(q) . sum_j phi(k_j) + eps) with "
+             "phi(x) = elu(x) + 1.")
+L_NO_PLUS_ONE = ("`linear_attention` uses phi(x) = elu(x): the feature map is elu(x) + 1, positive everywhere, "
+                 "so that every similarity and the denominator are positive.")
+L_RELU = "`linear_attention` uses another feature map: phi(x) = elu(x) + 1 (F.elu(x) + 1), not relu or exp."
+L_NO_DENOM = ("`linear_attention` does not normalise: divide phi(q) (phi(k)^T v) by phi(q) . sum_j phi(k_j) "
+              "(plus eps).")
+L_SCALED = "`linear_attention` scales by 1/sqrt(d): linear attention has no such scaling."
+L_SOFTMAX = "`linear_attention` computes softmax attention: replace exp(q . k) by phi(q) . phi(k)."
+L_FULL_SUMS = ("Causal `linear_attention` uses the sums over all keys: query i may only see keys j <= i, so "
+               "both sums must be running (cumulative) sums over the positions.")
+L_EXCLUSIVE = ("Causal `linear_attention` leaves out each query's own key: the running sums must include "
+               "position i (cumsum, not the sum of the positions before i).")
+L_HALF = ("`linear_attention` is far from the reference in float16 or bfloat16, or changes the dtype of its "
+          "input: compute in float32 and return q's dtype.")
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+def _randn(rng, *shape, dtype=F32, scale=1.0, device="cpu"):
+    return (torch.randn(*shape, generator=rng, dtype=F64) * scale).to(device, dtype)
+
+
+def _randint(rng, lo, hi):
+    return int(torch.randint(lo, hi + 1, (), generator=rng))
+
+
+def _lead(rng, n):
+    """n leading dimensions of sizes 1 to 3."""
+    return tuple(_randint(rng, 1, 3) for _ in range(n))
+
+
+def _cpu64(*xs):
+    return tuple(x.detach().cpu().double() for x in xs)
+
+
+def _same(dtype):
+    """How a result of `dtype` is matched against a typical mistake's (computed in float64); NaN matches NaN."""
+    if dtype in HALF:
+        return lambda a, b: close(a, b.to(a.dtype), equal_nan=True)
+    return lambda a, b: close(a, b, rtol=1e-3, atol=1e-4, equal_nan=True)
+
+
+def _finite(x):
+    return isinstance(x, torch.Tensor) and bool(torch.isfinite(x.detach().cpu().double()).all())
+
+
+# --- Part 1: the online softmax (4 points) --------------------------------------------------
+
+def _online(x, block_size, rescale=True):
+    """The blockwise softmax in float64, with the running sum rescaled or not."""
+    x = x.double()
+    m = torch.full((*x.shape[:-1], 1), -math.inf, dtype=F64)
+    s = torch.zeros_like(m)
+    for j0 in range(0, x.size(-1), block_size):
+        block = x[..., j0:j0 + block_size]
+        m_new = torch.maximum(m, block.amax(-1, keepdim=True))
+        shift = m_new.masked_fill(m_new == -math.inf, 0.0)
+        s = (s * torch.exp(m - shift) if rescale else s) + torch.exp(block - shift).sum(-1, keepdim=True)
+        m = m_new
+    return torch.exp(x - m.masked_fill(m == -math.inf, 0.0)) / s
+
+
+def _check_online(learner, x, block_size, device="cpu", extreme=False):
+    got = tensor(learner.online_softmax(x, block_size), OS, shape=x.shape, dtype=x.dtype, device=device)
+    x64, = _cpu64(x)
+    expected = torch.softmax(x64, -1)
+    if close(got, expected.to(x.dtype), device):
+        return
+    if not _finite(got):
+        raise Hint(OS_NEG_INF if bool(torch.isinf(x64).any()) else OS_OVERFLOW if extreme else OS_GENERIC)
+    raise Hint(diagnose(got, [(OS_NO_RESCALE, lambda: _online(x64, block_size, rescale=False))],
+                        OS_HALF if x.dtype in HALF else OS_GENERIC, same=_same(x.dtype)))
+
+
+@points(2, part="online_softmax")
+def test_online_softmax_matches_softmax(learner, reference, rng):
+    """Does online_softmax equal torch.softmax over the last axis, for any block size and shape?"""
+    for n_lead, dtype in ((0, F32), (1, F64), (2, F32), (3, F64)):
+        L = _randint(rng, 9, 40)
+        x = _randn(rng, *_lead(rng, n_lead), 4, L, dtype=dtype, scale=3.0)
+        for block_size in (1, _randint(rng, 2, 8), L, L + 5):
+            _check_online(learner, x, block_size)
+
+
+@points(1, part="online_softmax")
+def test_online_softmax_extreme_scores(learner, reference, rng):
+    """Does it stay exact for scores of +-1e4, and for rows that start with blocks of -inf?"""
+    x = _randn(rng, 6, 23, scale=1e4)
+    _check_online(learner, x, 4, extreme=True)
+    _check_online(learner, x.double(), 5, extreme=True)
+    y = _randn(rng, 5, 17, scale=3.0)
+    y[0, :9] = -math.inf  # the first blocks all -inf
+    y[1, ::2] = -math.inf
+    y[2, 1:] = -math.inf  # a single finite score
+    y[3, 10:] = -math.inf
+    _check_online(learner, y, 4, extreme=True)
+
+
+@points(1, part="online_softmax")
+def test_online_softmax_dtypes_and_devices(learner, reference, rng, devices):
+    """Does it keep float16 and bfloat16 (computing in float32), on every device, creating nothing on a fixed one?"""
+    for dtype in HALF:
+        _check_online(learner, _randn(rng, 3, 30, dtype=dtype, scale=4.0), 7)
+    for device in devices:
+        _check_online(learner, _randn(rng, 2, 3, 19, dtype=F64, device=device), 4, device=device)
+    expect_device_agnostic(learner, OS, _randn(rng, 2, 3, 19), 4)
+
+
+# --- Part 2: tiled attention (9 points) -----------------------------------------------------
+
+def _exact(q, k, v, causal=False, bottom_right=False):
+    """softmax(q k^T / sqrt(d)) v in float64; causal top-left (j <= i) or, for the mistake, bottom-right."""
+    q, k, v = _cpu64(q, k, v)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    if causal:
+        Lq, Lk = q.size(-2), k.size(-2)
+        allowed = torch.ones(Lq, Lk, dtype=torch.bool).tril(Lk - Lq if bottom_right else 0)
+        scores = scores.masked_fill(~allowed, -math.inf)
+    return torch.softmax(scores, -1) @ v
+
+
+def _tiled(q, k, v, block_size, causal=False, *, rescale_out=True, rescale_sum=True, scale=True,
+           skip_after=0, diagonal=1):
+    """Tiled attention in float64, making one typical mistake on request: the running output or sum not
+    rescaled, no 1/sqrt(d), key blocks skipped when j0 > i0 + skip_after (0 is right; -1 skips the diagonal
+    block too, block_size processes one unmasked block past it), the diagonal block masked with triu(diagonal)."""
+    q, k, v = _cpu64(q, k, v)
+    Lq, Lk = q.size(-2), k.size(-2)
+    if scale:
+        q = q / math.sqrt(q.size(-1))
+    batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    out = []
+    for i0 in range(0, Lq, block_size):
+        i1 = min(i0 + block_size, Lq)
+        m = torch.full((*batch, i1 - i0, 1), -math.inf, dtype=F64)
+        s = torch.zeros_like(m)
+        o = torch.zeros((*batch, i1 - i0, v.size(-1)), dtype=F64)
+        for j0 in range(0, Lk, block_size):
+            if causal and j0 > i0 + skip_after:
+                break
+            j1 = min(j0 + block_size, Lk)
+            scores = q[..., i0:i1, :] @ k[..., j0:j1, :].transpose(-2, -1)
+            if causal and j0 == i0:
+                scores = scores.masked_fill(torch.ones(i1 - i0, j1 - j0, dtype=torch.bool).triu(diagonal),
+                                            -math.inf)
+            m_new = torch.maximum(m, scores.amax(-1, keepdim=True))
+            alpha = torch.exp(m - m_new)
+            p = torch.exp(scores - m_new)
+            s = (s * alpha if rescale_sum else s) + p.sum(-1, keepdim=True)
+            o = (o * alpha if rescale_out else o) + p @ v[..., j0:j1, :]
+            m = m_new
+        out.append(o / s)
+    return torch.cat(out, dim=-2)
+
+
+def _tiled_mistakes(q, k, v, block_size, causal):
+    table = [(T_NO_OUT_RESCALE, lambda: _tiled(q, k, v, block_size, causal, rescale_out=False)),
+             (T_NO_SUM_RESCALE, lambda: _tiled(q, k, v, block_size, causal, rescale_sum=False)),
+             (T_NO_SCALE, lambda: _tiled(q, k, v, block_size, causal, scale=False))]
+    if causal:
+        table += [(T_NOT_CAUSAL, lambda: _exact(q, k, v)),
+                  (T_SKIP_EARLY, lambda: _tiled(q, k, v, block_size, True, skip_after=-1)),
+                  (T_SKIP_LATE, lambda: _tiled(q, k, v, block_size, True, skip_after=block_size)),
+                  (T_DIAG_MASKED, lambda: _tiled(q, k, v, block_size, True, diagonal=0))]
+        if q.size(-2) != k.size(-2):
+            table.append((T_BOTTOM_RIGHT, lambda: _exact(q, k, v, True, bottom_right=True)))
+    return table
+
+
+def _tiled_shape(q, k, v):
+    return (*torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2]), q.size(-2), v.size(-1))
+
+
+def _check_tiled(learner, q, k, v, block_size, causal=False, device="cpu"):
+    got = tensor(learner.tiled_attention(q, k, v, block_size=block_size, causal=causal), TILED,
+                 shape=_tiled_shape(q, k, v), dtype=q.dtype, device=device)
+    expected = _exact(q, k, v, causal)
+    if close(got, expected.to(q.dtype), device):
+        return
+    generic = T_HALF if q.dtype in HALF else T_GENERIC if _finite(got) else T_NAN
+    raise Hint(diagnose(got, _tiled_mistakes(q, k, v, block_size, causal), generic, same=_same(q.dtype)))
+
+
+def _qkv(rng, lead, Lq, Lk, d, d_v, dtype=F32, device="cpu"):
+    return (_randn(rng, *lead, Lq, d, dtype=dtype, scale=1.5, device=device),
+            _randn(rng, *lead, Lk, d, dtype=dtype, scale=1.5, device=device),
+            _randn(rng, *lead, Lk, d_v, dtype=dtype, device=device))
+
+
+@points(3, part="tiled_attention")
+def test_tiled_attention_matches_exact(learner, reference, rng):
+    """Does tiled_attention equal exact attention, for any lengths, block sizes and leading dimensions?"""
+    for n_lead, dtype in ((0, F32), (1, F64), (2, F32), (3, F64)):
+        bs = _randint(rng, 3, 8)
+        Lq, Lk = _randint(rng, 2 * bs + 1, 5 * bs), _randint(rng, 2 * bs + 1, 5 * bs)
+        q, k, v = _qkv(rng, _lead(rng, n_lead), Lq, Lk, _randint(rng, 4, 12), _randint(rng, 3, 9), dtype)
+        _check_tiled(learner, q, k, v, bs)
+    q, k, v = _qkv(rng, (2,), 11, 6, 8, 5)
+    _check_tiled(learner, q, k, v, 1)
+    _check_tiled(learner, q, k, v, 64)  # one block holds everything
+
+
+@points(2, part="tiled_attention")
+def test_tiled_attention_causal(learner, reference, rng):
+    """With causal=True, does it equal F.scaled_dot_product_attention(is_causal=True), also when Lq != Lk?"""
+    bs = _randint(rng, 3, 6)
+    L = _randint(rng, 3 * bs + 1, 5 * bs - 1)
+    for n_lead, (Lq, Lk), dtype in ((2, (L, L), F32), (1, (L - bs - 1, L), F64), (1, (L, L - bs - 1), F32),
+                                    (0, (4 * bs, 4 * bs), F64)):
+        q, k, v = _qkv(rng, _lead(rng, n_lead), Lq, Lk, _randint(rng, 4, 10), _randint(rng, 3, 8), dtype)
+        _check_tiled(learner, q, k, v, bs, causal=True)
+
+
+@points(1, part="tiled_attention")
+def test_tiled_attention_dtypes_and_devices(learner, reference, rng, devices):
+    """Does it keep float16 and bfloat16 (computing in float32), on every device, creating nothing on a fixed one?"""
+    for dtype in HALF:
+        q, k, v = _qkv(rng, (2,), 13, 10, 8, 8, dtype)
+        _check_tiled(learner, q, k, v, 4)
+        _check_tiled(learner, q, k, v, 4, causal=True)
+    for device in devices:
+        q, k, v = _qkv(rng, (2, 2), 9, 9, 6, 4, F64, device)
+        _check_tiled(learner, q, k, v, 4, causal=True, device=device)
+    q, k, v = _qkv(rng, (2,), 9, 7, 6, 4)
+    expect_device_agnostic(learner, TILED, q, k, v, block_size=4, causal=True)
+    expect_device_agnostic(learner, TILED, q, k, v, block_size=4)
+
+
+@points(3, part="tiled_attention")
+def test_tiled_attention_memory(learner, reference, rng):
+    """Does tiled_attention never hold the whole Lq x Lk score matrix (its peak memory, measured by the grader)?"""
+    q, k, v = _qkv(rng, (1,), MEM_L, MEM_L, MEM_D, MEM_D)
+    # The first call into a kernel maps its code and warms the allocator (up to some 60 MiB in a fresh
+    # worker): a short call first, so that the measured one sees only what the function itself holds.
+    learner.tiled_attention(q[:, :MEM_BLOCK + 1], k[:, :MEM_BLOCK + 1], v[:, :MEM_BLOCK + 1], block_size=MEM_BLOCK)
+    use = learner.memory_peak(TILED, q, k, v, block_size=MEM_BLOCK, causal=False)
+    got = tensor(use.output, TILED, shape=(1, MEM_L, MEM_D), dtype=F32)
+    # Whole-matrix attention here would take 256 MiB and seconds; the reference's tiles need neither.
+    expected = reference.tiled_attention(q, k, v, block_size=MEM_BLOCK)
+    if not close(got, expected.to(F32)):
+        blocks = [lambda: _tiled(q, k, v, MEM_BLOCK, rescale_out=False),
+                  lambda: _tiled(q, k, v, MEM_BLOCK, rescale_sum=False),
+                  lambda: _tiled(q, k, v, MEM_BLOCK, scale=False)]
+        expect(any(_same(F32)(got, make()) for make in blocks), T_MEMORY_WRONG)
+    if use.peak_bytes is None:
+        expect(UNMEASURED_MEMORY_PAYS, "The grader cannot measure memory on this machine.")
+        return
+    expect(use.peak_bytes <= MEM_BOUND, T_MEMORY.format(use.peak_bytes // 2**20))
+
+
+# --- Part 3: the sliding-window mask (3 points) ---------------------------------------------
+
+def _window(size, window, causal, *, extra=0, transposed=False):
+    pos = torch.arange(size)
+    offset = pos[:, None] - pos[None, :]
+    if transposed:
+        offset = -offset
+    if causal:
+        return (offset >= 0) & (offset < window + extra)
+    return offset.abs() < window + extra
+
+
+def _check_window(learner, size, window, causal, device="cpu", default_causal=False):
+    args = (size, window) if default_causal else (size, window, causal)
+    kwargs = {} if device == "cpu" else {"device": device}
+    got = tensor(learner.sliding_window_mask(*args, **kwargs), WINDOW, shape=(size, size), dtype=torch.bool,
+                 device=device, what="the mask")
+    expected = _window(size, window, causal)
+    if close(got, expected):
+        return
+    got = got.cpu()
+    mistakes = [(W_OFF_BY_ONE, _window(size, window, causal, extra=1)),
+                (W_OFF_BY_ONE, _window(size, window, causal, extra=-1)),
+                (W_INVERTED, ~expected),
+                (W_TRANSPOSED, _window(size, window, causal, transposed=True)),
+                (W_CAUSAL_IGNORED if causal else W_ALWAYS_CAUSAL, _window(size, window, not causal))]
+    raise Hint(diagnose(got, [(h, m) for h, m in mistakes if not torch.equal(m, expected)], W_GENERIC,
+                        same=close))
+
+
+@points(2, part="sliding_window_mask")
+def test_sliding_window_mask_matches_definition(learner, reference, rng):
+    """Is the mask True exactly where 0 <= i - j < window (causal, the default) or |i - j| < window?"""
+    for _ in range(2):
+        size = _randint(rng, 7, 16)
+        window = _randint(rng, 2, size - 3)
+        _check_window(learner, size, window, True, default_causal=True)
+        _check_window(learner, size, window, False)
+        _check_window(learner, size, window, True)
+    _check_window(learner, 6, 1, True)
+    _check_window(learner, 6, 1, False)
+    _check_window(learner, 5, 9, True)  # a window longer than the sequence: the causal mask
+    _check_window(learner, 5, 9, False)
+
+
+@points(1, part="sliding_window_mask")
+def test_sliding_window_mask_device(learner, reference, rng, devices):
+    """Is the mask created on the device it is asked for?"""
+    for device in devices:
+        _check_window(learner, 9, 3, True, device=device)
+        _check_window(learner, 9, 3, False, device=device)
+    for causal in (True, False):
+        # Only the meta device is asked for here: a mask built anywhere else did not honour device=.
+        try:
+            out = learner.device_checked(WINDOW, 9, 3, causal, device="meta")
+        except LearnerError as exc:
+            expect(not any(s in exc.message for s in DEVICE_ERRORS), W_DEVICE)
+            return  # something the meta device cannot run: no verdict, as in expect_device_agnostic
+        except NotImplementedRemote:
+            return
+        expect(isinstance(out, torch.Tensor) and out.device.type == "meta", W_DEVICE)
+        tensor(out, WINDOW, shape=(9, 9), dtype=torch.bool, what="the mask")
+
+
+# --- Part 4: linear attention (6 points) ----------------------------------------------------
+
+def _linear(q, k, v, causal=False, *, phi=lambda x: F.elu(x) + 1, denom=True, scale=1.0, exclusive=False,
+            eps=1e-6):
+    """Linear attention in float64 through the quadratic form, with one typical mistake on request."""
+    q, k, v = _cpu64(q, k, v)
+    sim = phi(q * scale) @ phi(k).transpose(-2, -1)  # (..., Lq, Lk)
+    if causal:
+        sim = sim * torch.ones(q.size(-2), k.size(-2), dtype=F64).tril(-1 if exclusive else 0)
+    if not denom:
+        return sim @ v
+    return (sim @ v) / (sim.sum(-1, keepdim=True) + eps)
+
+
+def _linear_mistakes(q, k, v, causal):
+    d = q.size(-1)
+    table = [(L_NO_PLUS_ONE, lambda: _linear(q, k, v, causal, phi=F.elu)),
+             (L_RELU, lambda: _linear(q, k, v, causal, phi=F.relu)),
+             (L_RELU, lambda: _linear(q, k, v, causal, phi=torch.exp)),
+             (L_NO_DENOM, lambda: _linear(q, k, v, causal, denom=False)),
+             (L_SCALED, lambda: _linear(q, k, v, causal, scale=1 / math.sqrt(d))),
+             (L_SOFTMAX, lambda: _exact(q, k, v, causal)),
+             (L_SOFTMAX, lambda: _exact(q * math.sqrt(d), k, v, causal))]
+    if causal:
+        table = [(L_FULL_SUMS, lambda: _linear(q, k, v)),
+                 (L_EXCLUSIVE, lambda: _linear(q, k, v, True, exclusive=True))] + table
+    return table
+
+
+def _check_linear(learner, q, k, v, causal=False, device="cpu"):
+    kwargs = {"causal": True} if causal else {}
+    got = tensor(learner.linear_attention(q, k, v, **kwargs), LINEAR, shape=_tiled_shape(q, k, v),
+                 dtype=q.dtype, device=device)
+    expected = _linear(q, k, v, causal)
+    if close(got, expected.to(q.dtype), device):
+        return
+    raise Hint(diagnose(got, _linear_mistakes(q, k, v, causal), L_HALF if q.dtype in HALF else L_GENERIC,
+                        same=_same(q.dtype)))
+
+
+@points(2, part="linear_attention")
+def test_linear_attention_matches_reference(learner, reference, rng):
+    """Does linear_attention equal phi(q) (phi(k)^T v) / (phi(q) . sum phi(k) + eps), with phi = elu + 1?"""
+    for n_lead, dtype in ((0, F32), (1, F64), (2, F32), (3, F64)):
+        q, k, v = _qkv(rng, _lead(rng, n_lead), _randint(rng, 3, 20), _randint(rng, 3, 20), _randint(rng, 3, 9),
+                       _randint(rng, 2, 7), dtype)
+        _check_linear(learner, q, k, v)
+
+
+@points(3, part="linear_attention")
+def test_linear_attention_causal(learner, reference, rng):
+    """With causal=True, does query i see only keys j <= i, through running sums?"""
+    for n_lead, dtype in ((1, F32), (2, F64), (0, F64), (3, F32)):
+        L = _randint(rng, 5, 24)
+        q, k, v = _qkv(rng, _lead(rng, n_lead), L, L, _randint(rng, 3, 9), _randint(rng, 2, 7), dtype)
+        _check_linear(learner, q, k, v, causal=True)
+
+
+@points(1, part="linear_attention")
+def test_linear_attention_dtypes_and_devices(learner, reference, rng, devices):
+    """Does it keep float16 and bfloat16 (computing in float32), on every device, creating nothing on a fixed one?"""
+    for dtype in HALF:
+        q, k, v = _qkv(rng, (2,), 12, 12, 8, 8, dtype)
+        _check_linear(learner, q, k, v)
+        _check_linear(learner, q, k, v, causal=True)
+    for device in devices:
+        q, k, v = _qkv(rng, (2, 3), 10, 10, 6, 5, F64, device)
+        _check_linear(learner, q, k, v, device=device)
+        _check_linear(learner, q, k, v, causal=True, device=device)
+    q, k, v = _qkv(rng, (2,), 10, 10, 6, 5)
+    expect_device_agnostic(learner, LINEAR, q, k, v)
+    expect_device_agnostic(learner, LINEAR, q, k, v, causal=True)

@@ -1,0 +1,289 @@
+"""The warm start: one pre-imported template process per grading job, forked per submission.
+
+Starting Python and importing torch costs about a second per worker; a `Template` pays it
+once. It is started in the sandbox exactly as a worker is (bubblewrap, the seccomp filter,
+the sandbox uid, RLIMITs, a memory cgroup of its own), imports NumPy and torch, and waits on
+a private socket (`worker.template_main`). For each submission the trusted side (this
+module, in the grader's process) passes it the submission's three pipes with SCM_RIGHTS; the
+template wipes /tmp and /dev/shm and forks a worker, which:
+
+* starts a session of its own and closes every descriptor but its pipes;
+* loads a second seccomp filter (`seccomp.child_program`): no signal, pidfd, F_SETOWN or
+  CLONE_PARENT can reach the template, and no SysV IPC object or POSIX message queue (which
+  would outlive it) can be made;
+* is not dumpable (the template made itself non-dumpable before forking): /proc/PID/mem,
+  environ and ptrace of the template are refused to it;
+* then blocks on its request pipe. Before sending the load request (the first moment any
+  learner code runs) the trusted side moves the worker's host pid into a fresh memory cgroup
+  of its own, so everything the learner starts is in that cgroup.
+
+When the submission ends the trusted side kills that cgroup's processes and waits until it is
+empty (else the template is thrown away: its PID namespace, and all in it, dies with it), so
+nothing of one learner is alive when the next worker is forked. The trusted side never trusts
+the template either: its replies are bounded, checked and timed; one that is late, malformed,
+could not wipe, or whose cgroup holds a process it should not, is killed and replaced by a
+fresh one, and the time that takes is not counted against the learner being graded.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import select
+import signal
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+log = logging.getLogger("autograder")
+
+TEMPLATE_FILES = tuple(Path(__file__).resolve().parent / name for name in ("worker.py", "protocol.py", "seccomp.py"))
+SPAWN_SECONDS = 15.0   # a fork and a wipe of two 64 MiB tmpfs; a template that takes longer is replaced
+START_SECONDS = 120.0  # a template's start (Python and torch) on a loaded machine
+EMPTY_SECONDS = 5.0    # how long a worker's cgroup may take to empty after it was killed
+MESSAGE_BYTES = 4096
+
+
+class TemplateUnavailable(RuntimeError):
+    """No template could serve this submission; it is graded by a fresh worker instead."""
+
+
+class _Broken(Exception):
+    """The template misbehaved (late, dead, malformed, dirty): replace it."""
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read(1 << 20)
+    except OSError:
+        return ""
+
+
+def _procs(cgroup: str) -> set[int]:
+    return {int(p) for p in _read(os.path.join(cgroup, "cgroup.procs")).split() if p.isdigit()}
+
+
+def _status(pid: int) -> dict:
+    out = {}
+    for line in _read(f"/proc/{pid}/status").splitlines():
+        k, _, v = line.partition(":")
+        out[k] = v.split()
+    return out
+
+
+def _host_pid(cgroup: str, ns_pid: int, parent: int | None = None) -> int | None:
+    """The pid, as this process sees it, of the process of `cgroup` whose pid in its own
+    (innermost) PID namespace is `ns_pid` (and whose parent is `parent`, when given)."""
+    for pid in sorted(_procs(cgroup)):
+        st = _status(pid)
+        nspid = st.get("NSpid", [])
+        if len(nspid) >= 2 and nspid[-1] == str(ns_pid) and (parent is None or st.get("PPid") == [str(parent)]):
+            return pid
+    return None
+
+
+class Child:
+    """One submission's worker, forked from a template: what `Submission` keeps as its process."""
+
+    def __init__(self, template: "Template", pid: int, pidfd: int, cgroup: str, generation: int):
+        self.template, self.pid, self.pidfd, self.cgroup, self.generation = template, pid, pidfd, cgroup, generation
+        self.ended = False
+
+    def end(self) -> None:
+        """Kill everything in the worker's cgroup, wait until it is empty, remove it. If it will
+        not empty, the template (and its PID namespace, with whatever is stuck) is replaced."""
+        if self.ended:
+            return
+        self.ended = True
+        cgs = self.template.sandbox.cgroups
+        deadline = time.monotonic() + EMPTY_SECONDS
+        while _procs(self.cgroup) and time.monotonic() < deadline:
+            cgs._kill_all(self.cgroup)
+            time.sleep(0.002)
+        empty = not _procs(self.cgroup)
+        os.close(self.pidfd)
+        if not cgs.release(self.cgroup) or not empty:
+            log.warning("a warm worker's cgroup %s did not empty; starting a fresh template", self.cgroup)
+            self.template.discard(self.generation)
+
+
+class Template:
+    """A pre-imported worker template for one `Grader` (one grading job).
+
+    `spawn` returns a `Child` running in a cgroup of its own, or raises TemplateUnavailable
+    (the caller then starts a fresh worker as without a warm start)."""
+
+    def __init__(self, sandbox, limits, env: dict):
+        if sandbox is None or sandbox.cgroups is None:
+            raise TemplateUnavailable("the warm start needs the sandbox and a memory cgroup per worker")
+        self.sandbox, self.limits, self.env = sandbox, limits, dict(env)
+        self.proc: subprocess.Popen | None = None
+        self.sock: socket.socket | None = None
+        self.cgroup: str | None = None
+        self.host_pid: int | None = None
+        self.known: set[int] = set()   # the template cgroup's processes after the template started
+        self.generation = 0            # which template a Child came from
+        self.starts = 0                # templates started (a test sees replacements here)
+        self.start_seconds: list[float] = []
+        self.hello: dict = {}
+        self._release = None
+        self._out = None
+        self._lock = threading.RLock()
+        atexit.register(self.close)
+
+    # life cycle ------------------------------------------------------------------------------
+    def _launch(self) -> None:
+        from .runner import _Output
+
+        t0 = time.monotonic()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        out_r, out_w = os.pipe()
+        w = None
+        try:
+            w = self.sandbox.wrap(["--template", str(theirs.fileno())], files=TEMPLATE_FILES, env=self.env,
+                                  extra_fds=(theirs.fileno(),))
+            self.proc = subprocess.Popen(w.argv, stdin=subprocess.DEVNULL, stdout=out_w, stderr=out_w,
+                                         pass_fds=w.pass_fds, cwd=w.cwd, env=w.env, start_new_session=True)
+        except BaseException:
+            ours.close()
+            os.close(out_r)
+            if w is not None:
+                w.release()
+            raise
+        finally:
+            theirs.close()
+            os.close(out_w)
+            for fd in (w.close_fds if w is not None else ()):
+                os.close(fd)
+        self.sock, self.cgroup, self._release = ours, w.cgroup, w.release
+        self._out = _Output(out_r, 1 << 16)
+        self.generation += 1
+        self.starts += 1
+        hello = self._recv(START_SECONDS)
+        if (set(hello) != {"ready", "pid", "threads", "shared"} or hello["ready"] is not True
+                or type(hello["pid"]) is not int or type(hello["shared"]) is not int):
+            raise _Broken("malformed greeting")
+        if hello["shared"]:
+            # a writable shared mapping made before the fork would be shared by every learner's worker
+            raise _Broken(f"the template has {hello['shared']} writable shared mappings")
+        self.hello = hello
+        if hello["threads"] != 1:
+            log.warning("warm start: the template has %s threads when it forks", hello["threads"])
+        self.host_pid = _host_pid(self.cgroup, hello["pid"])
+        if self.host_pid is None:
+            raise _Broken("the template's process was not found in its cgroup")
+        self.known = _procs(self.cgroup)
+        self.start_seconds.append(time.monotonic() - t0)
+
+    def discard(self, generation: int | None = None) -> None:
+        """Kill the template (its PID namespace dies with it) and its cgroup; the next spawn starts a fresh one."""
+        with self._lock:
+            if generation is not None and generation != self.generation:
+                return
+            if self.sock is not None:
+                self.sock.close()
+                self.sock = None
+            if self.proc is not None:
+                try:
+                    os.killpg(self.proc.pid, 9)
+                except (ProcessLookupError, PermissionError):
+                    pass
+                try:
+                    self.proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    pass
+                self.proc = None
+            if self._release is not None:
+                self._release()
+                self._release = None
+            if self._out is not None:
+                self._out.thread.join(timeout=2)
+                self._out = None
+            self.cgroup = self.host_pid = None
+            self.known = set()
+
+    close = discard
+
+    def output(self) -> str:
+        return self._out.text() if self._out is not None else ""
+
+    # the conversation ------------------------------------------------------------------------
+    def _recv(self, seconds: float) -> dict:
+        ready, _, _ = select.select([self.sock], [], [], seconds)
+        if not ready:
+            raise _Broken(f"no answer within {seconds:.0f} s")
+        try:
+            data = self.sock.recv(MESSAGE_BYTES + 1)
+        except OSError as exc:
+            raise _Broken(f"connection lost ({exc})")
+        if not data:
+            raise _Broken("the template ended")
+        if len(data) > MESSAGE_BYTES:
+            raise _Broken("oversized answer")
+        try:
+            msg = json.loads(data)
+        except ValueError:
+            raise _Broken("malformed answer")
+        if type(msg) is not dict:
+            raise _Broken("malformed answer")
+        return msg
+
+    def _spawn(self, fds: tuple[int, int, int]) -> Child:
+        if self.proc is None:
+            self._launch()
+        if _procs(self.cgroup) != self.known:
+            raise _Broken("the template's cgroup holds a process it should not")
+        try:
+            socket.send_fds(self.sock, [json.dumps({"op": "spawn"}).encode()], list(fds))
+        except OSError as exc:
+            raise _Broken(f"connection lost ({exc})")
+        reply = self._recv(SPAWN_SECONDS)
+        if set(reply) != {"pid", "left"} or type(reply["pid"]) is not int or type(reply["left"]) is not int:
+            raise _Broken("malformed answer")
+        if reply["left"]:
+            raise _Broken(f"{reply['left']} entries were left in /tmp or /dev/shm")
+        pid = _host_pid(self.cgroup, reply["pid"], parent=self.host_pid)
+        if pid is None:
+            raise _Broken("the forked worker was not found")
+        pidfd = os.pidfd_open(pid)
+        cgs = self.sandbox.cgroups
+        cg = None
+        try:
+            if _host_pid(self.cgroup, reply["pid"], parent=self.host_pid) != pid:
+                raise _Broken("the forked worker ended before it was moved")  # and its pid may be reused
+            cg = cgs.create(self.limits.sandbox_memory_bytes)
+            with open(os.path.join(cg, "cgroup.procs"), "w") as f:
+                f.write(str(pid))
+            if _procs(cg) != {pid} or _procs(self.cgroup) != self.known:
+                raise _Broken("the forked worker could not be moved into its own cgroup")
+        except BaseException:
+            if cg is not None:
+                cgs._kill_all(cg)
+                cgs.release(cg)
+            try:
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            except OSError:
+                pass
+            os.close(pidfd)
+            raise
+        return Child(self, pid, pidfd, cg, self.generation)
+
+    def spawn(self, req_r: int, rep_w: int, out_w: int) -> Child:
+        """A worker forked for one submission, in its own cgroup, waiting for its load request.
+        A template that fails is replaced once; then TemplateUnavailable."""
+        with self._lock:
+            why = ""
+            for _ in range(2):
+                try:
+                    return self._spawn((req_r, rep_w, out_w))
+                except (_Broken, OSError) as exc:
+                    why = str(exc)
+                    log.warning("warm start: replacing the template (%s)%s", why,
+                                f"; its output: {self.output()[-500:]}" if self.output() else "")
+                    self.discard()
+            raise TemplateUnavailable(why)

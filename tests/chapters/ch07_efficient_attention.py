@@ -1,0 +1,63 @@
+"""Exercise 07_efficient_attention: typical mistakes of the online softmax, tiled attention, the
+sliding-window mask and linear attention, each with its score, lost checks and hints."""
+
+from chapters import Mistake
+
+KEY = "07_efficient_attention"
+OS = {"test_online_softmax_matches_softmax", "test_online_softmax_extreme_scores",
+      "test_online_softmax_dtypes_and_devices"}
+TILED_VALUES = {"test_tiled_attention_matches_exact", "test_tiled_attention_causal",
+                "test_tiled_attention_dtypes_and_devices"}
+CAUSAL = {"test_tiled_attention_causal", "test_tiled_attention_dtypes_and_devices"}
+WINDOW = {"test_sliding_window_mask_matches_definition", "test_sliding_window_mask_device"}
+LINEAR = {"test_linear_attention_matches_reference", "test_linear_attention_causal",
+          "test_linear_attention_dtypes_and_devices"}
+LINEAR_CAUSAL = {"test_linear_attention_causal", "test_linear_attention_dtypes_and_devices"}
+SKIP = "if causal and j0 > i0:"
+
+# A tiled_attention that builds the whole score matrix: right values, causal as is_causal=True.
+NAIVE = ("    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (..., Lq, Lk)\n"
+         "    if causal:\n"
+         "        future = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool, device=q.device).triu(1)\n"
+         "        scores = scores.masked_fill(future, -math.inf)\n"
+         "    return torch.softmax(scores, dim=-1) @ v\n")
+
+
+def _all(checks, words):
+    return {c: words for c in checks}
+
+
+MISTAKES = {
+    "softmax_sum_not_rescaled": Mistake(18, OS, _all(OS - {"test_online_softmax_dtypes_and_devices"},
+                                                     "does not rescale the running sum"), edits=(
+        ("s = s * torch.exp(m - shift) + torch.exp(block - shift)", "s = s + torch.exp(block - shift)"),)),
+    # -inf - (-inf) on a row whose first blocks are all -inf: only the extreme-score check sees it.
+    "softmax_no_neg_inf_guard": Mistake(21, {"test_online_softmax_extreme_scores"},
+                                        {"test_online_softmax_extreme_scores": "-inf - (-inf) is NaN"}, edits=(
+        ("shift = m_new.masked_fill(m_new == -math.inf, 0.0)", "shift = m_new"),)),
+    # A tiled function with a rescaling bug still holds only blocks: it keeps the memory points.
+    "tiled_output_not_rescaled": Mistake(16, TILED_VALUES, _all(TILED_VALUES, "rescales the running output"),
+                                         edits=(("o = o * alpha + p @ v[..., j0:j1, :]",
+                                                 "o = o + p @ v[..., j0:j1, :]"),)),
+    "tiled_sum_not_rescaled": Mistake(16, TILED_VALUES, _all(TILED_VALUES, "does not rescale the running sum"),
+                                      edits=(("s = s * alpha + p.sum(dim=-1, keepdim=True)",
+                                              "s = s + p.sum(dim=-1, keepdim=True)"),)),
+    "causal_skip_too_early": Mistake(19, CAUSAL, _all(CAUSAL, "skips key blocks too early"), edits=(
+        (SKIP, "if causal and j0 >= i0:"),)),
+    "causal_skip_too_late": Mistake(19, CAUSAL, _all(CAUSAL, "past the diagonal without masking"), edits=(
+        (SKIP, "if causal and j0 > i0 + block_size:"),)),
+    # Right values from the whole Lq x Lk matrix: only the memory check, measured by the grader, sees it.
+    "tiled_builds_full_matrix": Mistake(19, {"test_tiled_attention_memory"},
+                                        {"test_tiled_attention_memory": "builds (nearly) the whole Lq x Lk"},
+                                        edits=(("    if block_size < 1:\n        raise ValueError(f\"block_size must "
+                                                "be at least 1, got {block_size}\")\n    Lq, d, Lk, dtype",
+                                                NAIVE + "    Lq, d, Lk, dtype"),)),
+    "window_off_by_one": Mistake(19, WINDOW, _all(WINDOW, "off by one"), edits=(
+        ("return (offset >= 0) & (offset < window)", "return (offset >= 0) & (offset <= window)"),
+        ("return offset.abs() < window", "return offset.abs() <= window"))),
+    "linear_phi_without_plus_one": Mistake(16, LINEAR, _all(LINEAR, "phi(x) = elu(x):"), edits=(
+        ("phi_q = F.elu(q.to(work)) + 1", "phi_q = F.elu(q.to(work))"),
+        ("phi_k = F.elu(k.to(work)) + 1", "phi_k = F.elu(k.to(work))"))),
+    "linear_causal_full_sums": Mistake(18, LINEAR_CAUSAL, _all(LINEAR_CAUSAL, "uses the sums over all keys"), edits=(
+        ("    if not causal:\n        kv = phi_k", "    if True:\n        kv = phi_k"),)),
+}

@@ -1,0 +1,360 @@
+"""The warm start (autograder/warm.py): workers forked from one pre-imported template per job.
+
+Cross-learner attacks: learner A's notebook (the reference, full marks, plus an attack at
+its top level) is graded by a warm `Grader`; then the next worker forked from the same
+template must see nothing of A (no process, no file), and learner B (the reference) must
+get exactly the result B gets when graded alone by a fresh worker. Plus: the template
+survives A's signals and traces, a stopped or killed template is replaced without costing
+B anything, and every chapter's harness batch grades the same warm as cold
+(AUTOGRADER_WARM_CHAPTERS=all runs every chapter; by default one).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+import signal
+
+import pytest
+
+from autograder import seccomp as S
+from autograder import warm as W
+from autograder.assignments import get_assignment
+from autograder.grader import Grader
+from autograder.runner import Learner, Submission, WorkerDied
+from autograder.sandbox import SandboxUnavailable, detect
+from conftest import add_cell, chapter_batch, reference_notebook, write
+
+KEY = "03_qkv"
+SEED = 1234
+MARKER = f"warmleft{secrets.token_hex(4)}"
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    try:
+        sb = detect()
+    except SandboxUnavailable as exc:
+        pytest.skip(str(exc))
+    if sb.cgroups is None:
+        pytest.skip(f"no memory cgroup here ({sb.cgroup_problem}): the warm start is off")
+    return sb
+
+
+@pytest.fixture(scope="module")
+def warm(sandbox):
+    g = Grader(get_assignment(KEY), sandbox=sandbox, warm=True)
+    assert g.template is not None, g.warm_problem
+    _clean(_spy(g))  # starts the template
+    assert g.template.starts == 1
+    assert g.template.hello["threads"] == 1  # no thread pool is copied by the forks
+    yield g
+    g.close()
+
+
+def _summary(r):
+    return r.status, r.score, [(c.name, c.passed, c.hint) for c in r.checks], r.error
+
+
+@pytest.fixture(scope="module")
+def alone(sandbox, tmp_path_factory):
+    """Learner B (the reference), graded by a fresh worker: what B must get after any A."""
+    path = write(reference_notebook(KEY), tmp_path_factory.mktemp("alone") / "b.ipynb")
+    result = Grader(get_assignment(KEY), sandbox=sandbox).grade(path, seed=SEED)
+    assert result.status == "graded" and result.score == result.max_score > 0
+    return path, _summary(result)
+
+
+SPY = '''
+import os
+def seen():
+    """What a worker sees: every other process in its PID namespace and every writable place."""
+    me = os.getpid()
+    procs = {}
+    for p in os.listdir("/proc"):
+        if p.isdigit() and int(p) != me:
+            try:
+                procs[p] = open(f"/proc/{p}/cmdline", "rb").read().decode(errors="replace")
+            except OSError as exc:
+                procs[p] = f"? {exc}"
+    files = {}
+    for top in ("/tmp", "/dev/shm", os.environ["HOME"], os.getcwd()):
+        files[top] = sorted(os.listdir(top))
+    mounts = [line.split()[1] for line in open("/proc/self/mounts")]
+    writable = sorted({m for m in mounts if os.path.isdir(m) and os.access(m, os.W_OK)})  # not /dev/null
+    return {"procs": procs, "files": files, "writable": writable}
+'''
+
+
+def _spy(grader) -> dict:
+    with Submission([{"label": "spy", "source": SPY}], sandbox=grader.sandbox, template=grader.template) as sub:
+        assert sub.template is not None
+        seen = Learner(sub).seen()
+        assert sub.generation == 1
+    return seen
+
+
+def _clean(seen: dict) -> None:
+    others = {p: cmd for p, cmd in seen["procs"].items() if not (p == "1" or "--template" in cmd)}
+    assert others == {}, others  # only the namespace's init (bubblewrap) and the template
+    assert all(MARKER not in cmd for cmd in seen["procs"].values())
+    assert seen["files"] == {top: [] for top in seen["files"]}, seen["files"]
+    assert seen["writable"] == ["/dev/shm", "/tmp"]  # the places the template wipes are all there are
+
+
+def _attacker(tmp_path, source: str):
+    nb = reference_notebook(KEY)
+    add_cell(nb, source.replace("MARKER", MARKER))
+    return write(nb, tmp_path / "a.ipynb")
+
+
+def _after(warm, alone, attacker):
+    """Grade A, look with a spy, grade A again, then B: B's result must be B's alone."""
+    starts = warm.template.starts
+    a = warm.grade(attacker, seed=SEED)
+    assert a.status == "graded", a.error
+    _clean(_spy(warm))
+    warm.grade(attacker, seed=SEED)
+    b = warm.grade(alone[0], seed=SEED)
+    assert _summary(b) == alone[1]
+    return a, warm.template.starts - starts
+
+
+# --- the worker's second seccomp filter, decision by decision (a BPF interpreter, both architectures) ---
+
+@pytest.mark.parametrize("arch", [S.AUDIT_ARCH_X86_64, S.AUDIT_ARCH_AARCH64])
+def test_child_filter_decisions(arch):
+    prog, t = S.child_program([1, 2]), S.TABLES[arch]
+    allow, eperm = S.SECCOMP_RET_ALLOW, S.SECCOMP_RET_ERRNO | errno.EPERM
+    run = lambda name, *args: S.evaluate(prog, arch=arch, nr=t[name], args=args)  # noqa: E731
+    for pid in (1, 2, -1, -2, 0xFFFFFFFF, 0xFFFFFFFE, 0xFFFFFFFF00000002):
+        assert run("kill", pid, 9) == eperm, pid
+    for pid in (0, 3, 40, -3, -40):  # its own process group, its own processes and groups
+        assert run("kill", pid, 9) == allow, pid
+    for name in ("tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo", "pidfd_open"):
+        assert run(name, 2, 2, 9) == eperm and run(name, 7, 7, 9) == allow, name
+    for name in ("tkill", "pidfd_send_signal", "shmget", "semget", "msgget", "mq_open"):
+        assert run(name, 7, 9) == eperm, name
+    for cmd in (S.F_SETOWN, S.F_SETSIG, S.F_SETOWN_EX):
+        assert run("fcntl", 3, cmd, 2) == eperm
+    assert run("fcntl", 3, 3) == allow and run("fcntl", 3, 4, 0o4000) == allow  # F_GETFL, F_SETFL
+    assert run("ioctl", 3, S.FIOSETOWN) == eperm and run("ioctl", 3, 0x5401) == allow  # TCGETS
+    assert run("clone", 0x01200011) == allow and run("clone", 0x3D0F00) == allow  # fork, a thread
+    assert run("clone", 0x01200011 | S.CLONE_PARENT) == eperm
+    assert S.evaluate(prog, arch=arch, nr=t["clone3"]) == allow  # the first filter answers ENOSYS
+    assert S.evaluate(prog, arch=0x40000003, nr=37) == S.SECCOMP_RET_KILL_PROCESS  # i386
+
+
+# --- a process left behind ------------------------------------------------------------------
+
+LEAVE = '''
+import os, sys
+DAEMON = """
+import os, signal, sys, time
+first = set(os.listdir("/proc"))
+while True:  # plant a file, and kill every process that appeared after it started (the next worker)
+    try:
+        open("/tmp/planted-MARKER", "w").close()
+    except OSError:
+        pass
+    for p in os.listdir("/proc"):
+        if p.isdigit() and p not in first:
+            try:
+                os.kill(int(p), signal.SIGKILL)
+            except OSError:
+                pass
+    time.sleep(0.002)
+"""
+def _leave():
+    pid = os.fork()
+    if pid == 0:
+        os.setsid()
+        if os.fork() == 0:
+            os.execv(sys.executable, [sys.executable, "-c", DAEMON, "MARKER"])
+        os._exit(0)
+    os.waitpid(pid, 0)
+    return pid
+_left = _leave()
+'''
+
+
+def test_a_process_left_behind_does_not_reach_the_next_learner(warm, alone, tmp_path):
+    a, replaced = _after(warm, alone, _attacker(tmp_path, LEAVE))
+    assert a.score == a.max_score  # the daemon lives as long as A's grading, and no longer
+    assert replaced == 0
+
+
+# --- files for the next learner -----------------------------------------------------------------
+
+FILES = '''
+import os
+def _plant():
+    for top in ("/tmp", "/dev/shm", os.environ["HOME"], os.getcwd()):
+        with open(os.path.join(top, "planted-MARKER.py"), "w") as f:
+            f.write("print('MARKER')")
+    os.makedirs("/tmp/deep/er/MARKER", exist_ok=True)
+    open("/tmp/deep/er/MARKER/x", "w").close()
+    os.chmod("/tmp/deep/er", 0)      # unreadable, unwritable, still ours
+    os.mkfifo("/tmp/fifo-MARKER")
+    os.symlink("/grader", "/tmp/link-MARKER")
+    os.symlink("/tmp/link-MARKER", "/dev/shm/.hidden-MARKER")
+    with open("/dev/shm/big-MARKER", "wb") as f:
+        f.write(b"x" * (8 << 20))
+    return 1
+_planted = _plant()
+'''
+
+
+def test_files_are_not_found_by_the_next_learner(warm, alone, tmp_path):
+    a, replaced = _after(warm, alone, _attacker(tmp_path, FILES))
+    assert a.score == a.max_score and replaced == 0
+
+
+# --- the template: signals, traces, its memory ---------------------------------------------------
+
+TEMPLATE_ATTACK = '''
+import ctypes, errno, fcntl, os, signal, subprocess
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+def _try(f):
+    ctypes.set_errno(0)
+    try:
+        r = f()
+    except OSError as exc:
+        return errno.errorcode.get(exc.errno, str(exc.errno))
+    if isinstance(r, int) and r == -1:
+        return errno.errorcode.get(ctypes.get_errno(), "?")
+    return "ok"
+def _template():
+    for p in os.listdir("/proc"):
+        if p.isdigit() and b"--template" in open(f"/proc/{p}/cmdline", "rb").read():
+            return int(p)
+def attack():
+    t = _template()
+    L = ctypes.c_long
+    r, w = os.pipe()
+    out = {
+        "template_found": t is not None,
+        "kill_stop": _try(lambda: os.kill(t, signal.SIGSTOP)),
+        "kill_kill": _try(lambda: os.kill(t, signal.SIGKILL)),
+        "kill_init": _try(lambda: os.kill(1, signal.SIGKILL)),
+        "kill_all": _try(lambda: os.kill(-1, signal.SIGKILL)),
+        "killpg_template": _try(lambda: os.killpg(os.getpgid(t), signal.SIGKILL)),
+        "tgkill": _try(lambda: libc.syscall(L(234), L(t), L(t), L(signal.SIGKILL))),
+        "tkill": _try(lambda: libc.syscall(L(200), L(t), L(signal.SIGKILL))),
+        "sigqueue": _try(lambda: libc.syscall(L(129), L(t), L(signal.SIGKILL), ctypes.create_string_buffer(128))),
+        "pidfd_open": _try(lambda: os.pidfd_open(t)),
+        "pidfd_proc_dir": _try(lambda: signal.pidfd_send_signal(os.open(f"/proc/{t}", os.O_RDONLY), signal.SIGKILL)),
+        "f_setown": _try(lambda: fcntl.fcntl(r, fcntl.F_SETOWN, t)),
+        "ptrace": _try(lambda: libc.ptrace(L(16), L(t), None, None)),
+        "proc_mem": _try(lambda: open(f"/proc/{t}/mem", "rb").read(1)),
+        "proc_environ": _try(lambda: open(f"/proc/{t}/environ", "rb").read()),
+        "proc_fd": _try(lambda: os.listdir(f"/proc/{t}/fd")),
+        "sysv_shm": _try(lambda: libc.shmget(L(0), L(4096), L(0o1666))),
+    }
+    child = subprocess.Popen(["sleep", "30"])  # an ordinary child of one's own can still be signalled
+    out["own_child"] = _try(lambda: child.kill())
+    child.wait()
+    return out
+_report = attack()
+'''
+
+
+def test_the_template_cannot_be_signalled_traced_or_read(warm, alone, tmp_path):
+    source = TEMPLATE_ATTACK
+    with Submission([{"label": "a", "source": source}], sandbox=warm.sandbox, template=warm.template) as sub:
+        report = Learner(sub).attack()
+    assert report.pop("template_found") is True and report.pop("own_child") == "ok"
+    assert all(v != "ok" for v in report.values()), report
+    assert report["proc_mem"] == "EACCES" and report["ptrace"] == "EPERM" and report["kill_stop"] == "EPERM"
+    a, replaced = _after(warm, alone, _attacker(tmp_path, source))
+    assert a.score == a.max_score and replaced == 0
+
+
+@pytest.mark.parametrize("sig", [signal.SIGSTOP, signal.SIGKILL], ids=["stopped", "killed"])
+def test_a_stopped_or_killed_template_is_replaced_without_costing_the_learner(sandbox, alone, monkeypatch, sig):
+    """If a signal reached the template anyway, the next spawn notices (a deadline, or the end of
+    its socket), starts a fresh template, and B's grade and time budget are untouched."""
+    monkeypatch.setattr(W, "SPAWN_SECONDS", 2.0)
+    # B's whole budget is less than a template's restart plus the spawn deadline on this machine
+    g = Grader(get_assignment(KEY), sandbox=sandbox, warm=True, overrides={"submission_seconds": 4.0})
+    try:
+        _clean(_spy(g))
+        os.kill(g.template.host_pid, sig)
+        b = g.grade(alone[0], seed=SEED)
+        assert _summary(b) == alone[1]
+        assert g.template.starts == 2
+        _clean(_spy(g))
+    finally:
+        g.close()
+
+
+ORPHANS = '''
+import os, time
+def leave_and_die():
+    if os.fork() == 0:  # holds the reply pipe open
+        time.sleep(60)
+        os._exit(0)
+    os._exit(3)
+'''
+
+
+def test_a_warm_worker_that_dies_is_reported_at_once_though_its_children_live_on(warm):
+    """A fresh worker's PID namespace dies with it; a warm worker's children must not keep the
+    call waiting for its whole time limit instead."""
+    with Submission([{"label": "o", "source": ORPHANS}], sandbox=warm.sandbox, template=warm.template) as sub:
+        with pytest.raises(WorkerDied):
+            Learner(sub).leave_and_die()
+        assert sub.proc is None
+    _clean(_spy(warm))
+
+
+# --- the same grades, warm or cold ---------------------------------------------------------------
+
+CHAPTERS = os.environ.get("AUTOGRADER_WARM_CHAPTERS", KEY)
+
+
+def _chapter_keys():
+    from chapters import tables
+
+    keys = list(tables())
+    return keys if CHAPTERS == "all" else [k for k in CHAPTERS.split(",") if k in keys]
+
+
+@pytest.mark.parametrize("key", _chapter_keys())
+def test_a_chapters_harness_batch_grades_the_same_warm_and_cold(sandbox, key, tmp_path):
+    cold = Grader(get_assignment(key), sandbox=sandbox)
+    with Grader(get_assignment(key), sandbox=sandbox, warm=True) as hot:
+        for i, (student, make) in enumerate(chapter_batch(key).items()):
+            path = write(make(), tmp_path / f"{student}.ipynb")
+            want, got = cold.grade(path, seed=SEED + i), hot.grade(path, seed=SEED + i)
+            assert _summary(got) == _summary(want), student
+            assert got.notes == want.notes, student
+        assert hot.template.starts == 1
+
+
+# --- the trusted side's memory measurement reads the warm worker's own cgroup ----------------------
+
+HOG = '''
+import os
+def small():
+    return bytearray(1 << 20)[:1]
+def big_in_child():
+    pid = os.fork()
+    if pid == 0:
+        bytearray(300 << 20)
+        os._exit(0)
+    os.waitpid(pid, 0)
+    return b"x"
+'''
+
+
+def test_memory_peak_reads_the_warm_workers_own_cgroup(warm):
+    with Submission([{"label": "hog", "source": HOG}], sandbox=warm.sandbox, template=warm.template) as sub:
+        learner = Learner(sub)
+        small = learner.memory_peak("small")
+        assert isinstance(sub.proc, W.Child) and sub._cgroup == sub.proc.cgroup != warm.template.cgroup
+        assert small.source == "cgroup" and small.peak_bytes < 50 << 20
+        big = learner.memory_peak("big_in_child")
+        assert big.source == "cgroup" and big.peak_bytes > 0.9 * (300 << 20), big
