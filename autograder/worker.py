@@ -340,23 +340,69 @@ def _load_filter(prog: bytes) -> None:
     _prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0)
 
 
+def _mount_points() -> set[str]:
+    """Every mount point in this mount namespace (/proc/self/mountinfo, octal escapes undone)."""
+    points = set()
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) > 4:
+                points.add(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4]))
+    return points
+
+
 def _wipe(top: str) -> int:
     """Remove everything under `top`, never following a link; how many entries are left.
-    Anything it cannot remove (a tree too deep, say) is counted, and the trusted side then
-    throws the whole template away instead of forking from it."""
+
+    The sandbox's own mounts below `top` stay: the folders bubblewrap made to hold a read-only
+    bind (a Python installation under /tmp, say) are emptied of everything else, and the
+    mount points themselves are never entered (learner code cannot mount: the seccomp filter
+    refuses it). Anything else it cannot remove (a tree too deep, say) is counted, and the
+    trusted side then throws the whole template away instead of forking from it."""
     import stat
 
+    try:
+        mounts = {m for m in _mount_points() if m.startswith(top.rstrip("/") + "/")}
+    except OSError:
+        return 1
+    holders = {os.path.dirname(m) for m in mounts}
+    for m in list(holders):
+        while m.startswith(top.rstrip("/") + "/"):
+            holders.add(m)
+            m = os.path.dirname(m)
+
     def rm(path: str, depth: int) -> None:
+        if path in mounts:
+            return
         st = os.lstat(path)
         if stat.S_ISDIR(st.st_mode):
             if depth > 64:
                 return
-            os.chmod(path, stat.S_IRWXU)  # the learner may have made it unreadable: it is ours (same uid)
+            try:
+                os.chmod(path, stat.S_IRWXU)  # the learner may have made it unreadable: it is ours (same uid)
+            except OSError:
+                pass  # a folder bubblewrap made for a mount is not: the learner cannot write there either
             for name in os.listdir(path):
-                rm(os.path.join(path, name), depth + 1)
-            os.rmdir(path)
+                try:
+                    rm(os.path.join(path, name), depth + 1)
+                except OSError:
+                    pass
+            if path not in holders:
+                os.rmdir(path)
         else:
             os.unlink(path)
+
+    def left(path: str, depth: int) -> int:
+        n = 0
+        for name in os.listdir(path):
+            sub = os.path.join(path, name)
+            if sub in mounts:
+                continue
+            if sub in holders and depth < 64 and not os.path.islink(sub):
+                n += left(sub, depth + 1)
+            else:
+                n += 1
+        return n
 
     try:
         for name in os.listdir(top):
@@ -364,7 +410,7 @@ def _wipe(top: str) -> int:
                 rm(os.path.join(top, name), 0)
             except OSError:
                 pass
-        return len(os.listdir(top))
+        return left(top, 0)
     except OSError:
         return 1
 

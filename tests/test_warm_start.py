@@ -78,20 +78,35 @@ def seen():
                 procs[p] = open(f"/proc/{p}/cmdline", "rb").read().decode(errors="replace")
             except OSError as exc:
                 procs[p] = f"? {exc}"
+    mounts = [line.split()[1] for line in open("/proc/self/mounts")]
     files = {}
     for top in ("/tmp", "/dev/shm", os.environ["HOME"], os.getcwd()):
-        files[top] = sorted(os.listdir(top))
-    mounts = [line.split()[1] for line in open("/proc/self/mounts")]
+        found = []
+        for folder, dirs, names in os.walk(top):
+            dirs[:] = [d for d in dirs if os.path.join(folder, d) not in mounts]  # not into read-only binds
+            found += [os.path.join(folder, n) for n in dirs + names]
+        files[top] = sorted(found)
     writable = sorted({m for m in mounts if os.path.isdir(m) and os.access(m, os.W_OK)})  # not /dev/null
     return {"procs": procs, "files": files, "writable": writable}
 '''
 
 
+_FRESH: dict = {}
+
+
 def _spy(grader) -> dict:
+    """What a warm worker sees, and (as "fresh_files") what a worker started fresh in the same
+    sandbox sees: the folders bubblewrap makes to hold its mounts (a Python installation under
+    /tmp, say) are in both."""
+    key = id(grader.sandbox)
+    if key not in _FRESH:
+        with Submission([{"label": "spy", "source": SPY}], sandbox=grader.sandbox) as sub:
+            _FRESH[key] = Learner(sub).seen()["files"]
     with Submission([{"label": "spy", "source": SPY}], sandbox=grader.sandbox, template=grader.template) as sub:
         assert sub.template is not None
         seen = Learner(sub).seen()
         assert sub.generation == 1
+    seen["fresh_files"] = _FRESH[key]
     return seen
 
 
@@ -99,7 +114,7 @@ def _clean(seen: dict) -> None:
     others = {p: cmd for p, cmd in seen["procs"].items() if not (p == "1" or "--template" in cmd)}
     assert others == {}, others  # only the namespace's init (bubblewrap) and the template
     assert all(MARKER not in cmd for cmd in seen["procs"].values())
-    assert seen["files"] == {top: [] for top in seen["files"]}, seen["files"]
+    assert seen["files"] == seen["fresh_files"], (seen["files"], seen["fresh_files"])
     assert seen["writable"] == ["/dev/shm", "/tmp"]  # the places the template wipes are all there are
 
 
