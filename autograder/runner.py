@@ -102,6 +102,19 @@ def _str(x, n: int) -> str:
     return x[:n] if isinstance(x, str) else ""
 
 
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL everything in the process group `proc` leads (it was started in a session of its
+    own) and reap it, waiting at most 10 s."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+
+
 class Submission:
     """One learner's code, running in a worker process that is restarted when needed.
 
@@ -218,14 +231,7 @@ class Submission:
         if self.proc is None:
             return
         if isinstance(self.proc, subprocess.Popen):
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
+            kill_group(self.proc)
         # a warm worker (autograder.warm.Child) is not our child: its release kills its cgroup
         # and waits until it is empty
         if self._release is not None:

@@ -177,14 +177,21 @@ class _Asm:
         return bytes(out)
 
 
-def program(errno_blocked: int = errno.EPERM) -> bytes:
-    """The compiled filter: ``struct sock_filter`` records, ready for ``bwrap --seccomp FD``."""
+def _by_arch() -> "_Asm":
+    """A program that starts by jumping to label ``arch_<AUDIT_ARCH in hex>`` for each
+    architecture we have a table for, and kills the process on any other."""
     a = _Asm()
-    eperm = SECCOMP_RET_ERRNO | (errno_blocked & 0xFFFF)
     a.ld(OFF_ARCH)
     for arch in TABLES:
         a.jump(BPF_JEQ, arch, f"arch_{arch:x}")
     a.ret(SECCOMP_RET_KILL_PROCESS)
+    return a
+
+
+def program(errno_blocked: int = errno.EPERM) -> bytes:
+    """The compiled filter: ``struct sock_filter`` records, ready for ``bwrap --seccomp FD``."""
+    a = _by_arch()
+    eperm = SECCOMP_RET_ERRNO | (errno_blocked & 0xFFFF)
     for arch, table in TABLES.items():
         p = f"{arch:x}_"
         a.label(f"arch_{arch:x}")
@@ -237,11 +244,7 @@ def child_program(protected: tuple[int, ...] | list[int]) -> bytes:
     namespace) of the template, its process group and session, and the namespace's init."""
     prot = sorted({p & 0xFFFFFFFF for p in protected if p > 0})
     signal_targets = sorted(set(prot) | {(-p) & 0xFFFFFFFF for p in prot} | {0xFFFFFFFF})
-    a = _Asm()
-    a.ld(OFF_ARCH)
-    for arch in TABLES:
-        a.jump(BPF_JEQ, arch, f"arch_{arch:x}")
-    a.ret(SECCOMP_RET_KILL_PROCESS)
+    a = _by_arch()
     for arch, t in TABLES.items():
         p = f"{arch:x}_"
         a.label(f"arch_{arch:x}")

@@ -189,14 +189,9 @@ class Template:
                 self.sock.close()
                 self.sock = None
             if self.proc is not None:
-                try:
-                    os.killpg(self.proc.pid, 9)
-                except (ProcessLookupError, PermissionError):
-                    pass
-                try:
-                    self.proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    pass
+                from .runner import kill_group
+
+                kill_group(self.proc)
                 self.proc = None
             if self._release is not None:
                 self._release()
