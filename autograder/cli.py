@@ -1,4 +1,4 @@
-"""Command line: ``python -m autograder {generate,check,grade}``.
+"""Command line: ``python -m autograder {generate,check,grade,mutants}``.
 
 Exit codes: 0 done; 1 `check`'s notebook could not be graded; 2 usage error;
 3 a grader error (a fault of ours, logged) needs the instructor's attention."""
@@ -37,6 +37,12 @@ def _cmd_grade(args) -> int:
     from .commands import grade_command
 
     return grade_command(args)
+
+
+def _cmd_mutants(args) -> int:
+    from .mutants import mutants_command
+
+    return mutants_command(args)
 
 
 def _positive(text: str) -> int:
@@ -84,6 +90,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warm", action="store_true",
                    help="start each job's workers from a pre-imported template (when the grader has one)")
     p.set_defaults(func=_cmd_grade)
+
+    p = sub.add_parser("mutants", help="grade mutants of the reference answers: would the hidden tests notice?")
+    p.add_argument("assignment", help="chapter key, e.g. 03_qkv")
+    p.add_argument("--jobs", type=_positive, default=None, metavar="N", help="grade N mutants at once (as `grade`)")
+    p.add_argument("--sample", type=_positive, default=None, metavar="N",
+                   help="grade only a fixed sample of N mutants (chosen by id; marked ones left out)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--out", metavar="DIR", help="write DIR/KEY.txt, DIR/KEY.json and the grading folder there")
+    p.add_argument("--list", action="store_true", help="list the mutants with their ids; grade nothing")
+    p.add_argument("--no-sandbox", action="store_true", help="grade without bubblewrap (faster; trusted code)")
+    p.add_argument("--no-warm", action="store_true", help="start every worker fresh instead of from a template")
+    p.add_argument("--seed", type=int, default=1, help="seed of the checks, the same for every mutant (default 1)")
+    p.add_argument("--timeout", type=float, default=None, help="seconds per mutant (default: the assignment's)")
+    p.add_argument("--fail-under", type=float, default=None, metavar="PCT",
+                   help="exit 1 when the score is below PCT percent")
+    p.set_defaults(func=_cmd_mutants)
     return parser
 
 

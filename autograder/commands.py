@@ -90,9 +90,9 @@ def _grader(key: str, **kw):
 # --- check ------------------------------------------------------------------------------
 
 def check_command(args) -> int:
-    from .feedback import bounded, format_text
-    from .grader import GRADED, GRADER_ERROR
-
+    """A learner's check: the worker is started before this process imports torch, the hidden
+    checks and the reference (`Submission.start_early`), so the two start-ups overlap; nothing
+    that only `grade` needs (nbgrader, nbformat, the gradebook) is imported."""
     path = Path(args.notebook)
     if not path.exists():
         return _error(f"no such file: {path}")
@@ -108,16 +108,36 @@ def check_command(args) -> int:
     logging.basicConfig(level=logging.WARNING, handlers=[handler])
     sandbox = None
     if args.sandbox:
-        from .sandbox import SandboxUnavailable, detect
+        from .sandbox import Sandbox, SandboxUnavailable
 
         try:
-            sandbox = detect(forbidden=[path.resolve().parent])
+            sandbox = Sandbox(forbidden=[path.resolve().parent])
         except SandboxUnavailable as exc:
             return _error(str(exc))
-    grader, code = _grader(key, sandbox=sandbox)
+    from .runner import Submission
+
+    early = Submission([], sandbox=sandbox, notebook=path)
+    try:
+        early.start_early()
+        if sandbox is not None:
+            # Tried while the worker starts: the worker runs nothing of the learner's before the
+            # load, which is sent only after this probe has passed.
+            try:
+                sandbox.probe()
+            except SandboxUnavailable as exc:
+                early.close()
+                return _error(str(exc))
+        from .feedback import bounded, format_text
+        from .grader import GRADED, GRADER_ERROR
+
+        grader, code = _grader(key, sandbox=sandbox)
+    except BaseException:
+        early.close()
+        raise
     if grader is None:
+        early.close()
         return code
-    result = grader.grade(path, seed=args.seed)
+    result = grader.grade(path, seed=args.seed, submission=early)
     if args.json:
         print(_dumps(dict(bounded(result, grader.limits).to_dict(), sandboxed=sandbox is not None)))
     else:

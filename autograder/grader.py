@@ -163,6 +163,14 @@ def part_points(cells: dict[str, dict]) -> dict[str, float]:
     return out
 
 
+def warm_up() -> None:
+    """PyTorch's one-time lazy set-up that hidden checks would otherwise pay inside a check:
+    autograd with given output gradients imports the symbolic-shape machinery (about 0.3 s).
+    Run while the worker loads the learner's code, it costs the learner no wait."""
+    x = torch.ones(2, requires_grad=True)
+    torch.autograd.grad(x * x, x, torch.ones(2))
+
+
 def available_devices() -> list[str]:
     return ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
@@ -222,15 +230,18 @@ class Grader:
         return Result(assignment=self.assignment.key, notebook=str(path), student=student, seed=seed,
                       max_score=self.max_score, parts={p: {"score": 0.0, "max_score": m} for p, m in self.parts.items()})
 
-    def grade(self, path: str | Path, *, student: str = "", seed: int | None = None, label: str = "") -> Result:
+    def grade(self, path: str | Path, *, student: str = "", seed: int | None = None, label: str = "",
+              submission: Submission | None = None) -> Result:
         """Grade one notebook file. Never raises; see the module docstring for the statuses.
 
-        `label` names the notebook in the result and the log when `path` is a private copy of it."""
+        `label` names the notebook in the result and the log when `path` is a private copy of it.
+        `submission`: a `Submission` for `path` whose worker was started early (`start_early`), with
+        this grader's sandbox; it is given this notebook's cells, limits and seed and is closed here."""
         start = time.monotonic()
         seed = secrets.randbelow(2**31) if seed is None else int(seed)
         result = self._result(label or path, student, seed)
         try:
-            self._grade(Path(path), result)
+            self._grade(Path(path), result, submission)
         except Exception as exc:  # noqa: BLE001 - a fault of ours must not lose the submission
             log.error("grader error while grading %s (%s), seed %d", result.notebook, student or "-", seed,
                       exc_info=True)
@@ -241,25 +252,34 @@ class Grader:
         result.seconds = time.monotonic() - start
         return result
 
-    def _grade(self, path: Path, result: Result) -> None:
+    def _grade(self, path: Path, result: Result, early: Submission | None = None) -> None:
+        sub = early
         try:
-            nb = read_notebook(path, self.limits)
-        except NotebookError as exc:
-            result.status, result.error = ERROR, str(exc)
-            return
-        audit = audit_cells(nb, self.ref_cells, self.limits)
-        result.notes += audit.notes
-        if audit.rejected:
-            result.status, result.error = ERROR, audit.rejected
-            return
-        if nb.assignment and nb.assignment != self.assignment.key:
-            result.notes.append(f"this notebook was generated for {nb.assignment[:60]!r}, "
-                                f"graded as {self.assignment.key}")
-        with Submission(code_cells(nb), limits=self.limits, seed=result.seed, sandbox=self.sandbox,
-                        python=self.python, notebook=path, template=self.template) as sub:
+            try:
+                nb = read_notebook(path, self.limits)
+            except NotebookError as exc:
+                result.status, result.error = ERROR, str(exc)
+                return
+            audit = audit_cells(nb, self.ref_cells, self.limits)
+            result.notes += audit.notes
+            if audit.rejected:
+                result.status, result.error = ERROR, audit.rejected
+                return
+            if nb.assignment and nb.assignment != self.assignment.key:
+                result.notes.append(f"this notebook was generated for {nb.assignment[:60]!r}, "
+                                    f"graded as {self.assignment.key}")
+            if sub is None:
+                sub = Submission(code_cells(nb), limits=self.limits, seed=result.seed, sandbox=self.sandbox,
+                                 python=self.python, notebook=path, template=self.template)
+            else:
+                sub.configure(code_cells(nb), limits=self.limits, seed=result.seed)
+            sub.while_loading = warm_up
             self._run_checks(sub, result)
             result.notes += [f"{e['cell']}, line {e['line']}: {e['error']}" for e in sub.load_errors]
             result.notes += sub.load_notes
+        finally:
+            if sub is not None:
+                sub.close()
         result.notes = cap(result.notes, self.limits, dropped=sub.load_dropped)
 
     def _run_checks(self, sub: Submission, result: Result) -> None:

@@ -11,6 +11,11 @@ the protocol's schema; anything malformed is the learner's failure for that call
 
 With a warm start (`autograder.warm`), a worker is forked from a pre-imported template
 instead of started; everything above holds for it the same way.
+
+A fresh worker imports its libraries before it reads its first request. A learner's
+self-check starts it first thing (`Submission.start_early`), so that this overlaps the
+trusted side's own imports; the learner's code is still loaded only by the first request,
+after the notebook's cells were audited, and the submission's time budget starts there.
 """
 
 from __future__ import annotations
@@ -141,6 +146,9 @@ class Submission:
         self._cgroup: str | None = None  # the running worker's memory cgroup, when it has one
         self._watch: list[int] = []  # a warm worker's pidfd
         self.generation = 0
+        self._loaded = 0  # the generation whose worker has the learner's code loaded
+        # trusted work (lazy imports of the checks' own) done once while the worker loads the code
+        self.while_loading = None
         self.load_errors: list[dict] = []
         self.load_notes: list[str] = []
         self.load_dropped = 0  # load errors and notes not kept
@@ -174,7 +182,7 @@ class Submission:
         req_r, req_w = os.pipe()
         rep_r, rep_w = os.pipe()
         out_r, out_w = os.pipe()
-        tail = [str(req_r), str(rep_w)]
+        tail = [str(req_r), str(rep_w), "--preload"]
         close_after: list[int] = []
         release = None
         cgroup = None
@@ -258,21 +266,42 @@ class Submission:
     def __exit__(self, *exc):
         self.close()
 
+    def start_early(self) -> None:
+        """Start the worker now, before anything is asked of it: it imports its libraries while
+        this process does its own start-up. Nothing of the learner's runs until the first request
+        loads the code (see `configure` for what is not known yet)."""
+        if self.proc is None and self.generation == 0 and self.load_failure is None:
+            self._start()
+
+    def configure(self, cells: list[dict], *, limits: Limits, seed: int) -> None:
+        """The cells, limits and seed of a submission started early, set before its code is loaded."""
+        if self._loaded:
+            raise RuntimeError("configure() after the learner's code was loaded")
+        self.cells, self.limits, self.seed = cells, limits, seed
+        self.restarts_left = limits.max_restarts
+        self._decode = P.Decoder(self._handle, max_depth=limits.reply_depth, max_dims=limits.array_dims)
+        if self.proc is not None:
+            self._out.cap = limits.output_bytes
+
     def ensure_started(self) -> None:
         """A live worker with the learner's code loaded, or raise the reason there is none."""
         if self.load_failure is not None:
             raise self.load_failure
-        if self.proc is not None:
+        if self.proc is not None and self._loaded == self.generation:
             return
-        if self.generation > 0:
-            if self.restarts_left <= 0:
-                self.load_failure = WorkerDied("", "the grading process had to be restarted too often")
-                raise self.load_failure
-            self.restarts_left -= 1
-        self._start()
+        if self.proc is None:
+            if self.generation > 0:
+                if self.restarts_left <= 0:
+                    self.load_failure = WorkerDied("", "the grading process had to be restarted too often")
+                    raise self.load_failure
+                self.restarts_left -= 1
+            self._start()
+        if self.generation == 1:
+            # the budget counts from the first load: a worker started early has run nothing yet
+            self.deadline = time.monotonic() + self.limits.submission_seconds
         try:
             result = self._request({"op": P.OP_LOAD, "cells": self.cells, "seed": self.seed},
-                                   name="", timeout=self.limits.load_seconds)
+                                   name="", timeout=self.limits.load_seconds, sent=self._loading())
         except GradingError as exc:
             if isinstance(exc, CallTimeout):
                 exc = CallTimeout("", exc.seconds)
@@ -282,8 +311,16 @@ class Submission:
             self._kill()
             self.load_failure = exc
             raise exc
+        self._loaded = self.generation
         if self.generation == 1:
             self.load_errors, self.load_notes = self._load_report(result)
+
+    def _loading(self):
+        """`while_loading`, to run once, after the first load request is written."""
+        if self.generation != 1 or self.while_loading is None:
+            return None
+        work, self.while_loading = self.while_loading, None
+        return work
 
     def _load_report(self, value) -> tuple[list[dict], list[str]]:
         """The load reply's errors and notes, checked and cut to the limits; `load_dropped` counts the rest."""
@@ -398,7 +435,9 @@ class Submission:
         return stop
 
     # requests --------------------------------------------------------------------------
-    def _request(self, req: dict, *, name: str, timeout: float | None = None):
+    def _request(self, req: dict, *, name: str, timeout: float | None = None, sent=None):
+        """Write `req`, then (after calling `sent`, trusted work to do while the worker runs) read the
+        reply, all within the call's limit."""
         req_id = self._next_id
         self._next_id += 1
         data = P.frame(dict(req, id=req_id))
@@ -428,6 +467,8 @@ class Submission:
             except OSError:
                 self._kill()
                 raise WorkerDied(name)
+        if sent is not None:
+            sent()
         cap = self.limits.reply_bytes
         while True:
             nl = self._buf.find(b"\n")
@@ -515,8 +556,8 @@ class Submission:
         return P.encode(value, to_handle)
 
     def reseed(self, seed: int) -> None:
-        """Seed the worker's random generators (a no-op until it runs)."""
-        if self.proc is not None:
+        """Seed the worker's random generators (a no-op until the learner's code is loaded)."""
+        if self.proc is not None and self._loaded == self.generation:
             self._request({"op": P.OP_SEED, "seed": seed}, name="")
 
     def output(self) -> str:

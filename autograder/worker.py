@@ -9,12 +9,18 @@ code cell with `ast` and runs only the top level's imports, functions, classes a
 assignments (expressions such as plots and prints, loops, `with` blocks and asserts are
 skipped), so a notebook built to be slow to parse costs only its own time limit.
 
+A fresh worker imports NumPy and PyTorch (and runs the one-time set-up of autograd and the
+meta device that the checks need) before it reads the first request, so that this start-up
+overlaps the trusted side's own, and so that it does not count against the loading of the
+learner's code. No learner code runs before the load request.
+
 Started as ``python -I worker.py --template CTRL_FD`` it is instead the warm start's
 template (see `autograder.warm`): it imports NumPy and PyTorch once, then, for each
 submission, wipes the sandbox's writable folders and forks a worker that runs `main` on
 the pipes the trusted side passed over CTRL_FD. The template never runs learner code.
 
-This file depends on the standard library, NumPy and (lazily) PyTorch only.
+This file depends on the standard library, NumPy and PyTorch only (imported before the first
+request with `--preload`, as the grader starts it; otherwise when the learner's code imports it).
 """
 
 from __future__ import annotations
@@ -124,7 +130,7 @@ def _learner_error(exc: BaseException, kind: str = P.KIND_LEARNER) -> _Reply:
 
 
 class Worker:
-    warm = False  # forked from a template that had imported torch already
+    warm = False  # torch was imported before the load request (preloaded, or a warm template's fork)
 
     def __init__(self):
         self.ns: dict = {"__name__": "__learner__", "__builtins__": __builtins__}
@@ -165,8 +171,9 @@ class Worker:
     def op_load(self, req):
         self.op_seed(req)
         if self.warm:
-            # A fresh worker has not imported torch yet when the load is seeded, so the learner's
-            # top level meets torch's import-time seed (random, from the OS); so does a warm one.
+            # Without a preload, torch is imported by the learner's top level, which then meets
+            # torch's import-time seed (random, from the OS); a preloaded or warm worker's learner
+            # meets the same kind of seed, not the load's.
             sys.modules["torch"].seed()
         todo, notes = statements(req["cells"])
         errors = []
@@ -273,10 +280,39 @@ def _error(req_id, kind, etype, message) -> dict:
     return {"id": req_id, "ok": False, "kind": kind, "type": etype, "message": message}
 
 
+def preload() -> None:
+    """Import NumPy and PyTorch and run, once, the lazy set-up that the first checks would
+    otherwise pay for: autograd with given output gradients and operations on the meta device
+    under the device check (they import PyTorch's symbolic shapes and compiler, about 1 s)."""
+    import numpy as np  # noqa: F401
+    import torch
+
+    Worker.warm = True
+    torch.set_num_threads(1)
+    x = torch.ones(2, 2, requires_grad=True)
+    torch.autograd.grad(x @ x, x, torch.ones(2, 2))
+    m = torch.ones(2, 2, device="meta")
+    with _device_check_mode()():
+        torch.softmax(m @ m / 2, -1)  # meta kernels written in Python import PyTorch's compiler (0.7 s)
+    # That import makes an empty cache folder in /tmp; the learner's code finds /tmp as it would
+    # without the preload (and as a warm worker does: its template's /tmp is wiped before a fork).
+    cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if cache:
+        try:
+            os.rmdir(cache)
+        except OSError:
+            pass  # not empty, or not there: left as it is
+
+
 def main(argv: list[str]) -> int:
     if argv[1:2] == ["--template"]:
         return template_main(int(argv[2]))
     req_fd, reply_fd = int(argv[1]), int(argv[2])
+    if argv[3:4] == ["--preload"]:
+        try:
+            preload()
+        except Exception:  # noqa: BLE001 - the learner's own import of torch then reports it
+            pass
     # Learner code sees /dev/null as stdin; requests and replies use private descriptors.
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
@@ -475,8 +511,8 @@ def template_main(ctrl_fd: int) -> int:
     import numpy as np
     import torch
 
-    torch.set_num_threads(1)
-    torch.ones(8, 8) @ torch.ones(8, 8), np.ones(8) @ np.ones(8)  # lazy initialisation, once, before any fork
+    preload()  # its lazy set-up too, once, before any fork: not again in every learner's worker
+    torch.ones(8, 8) @ torch.ones(8, 8), np.ones(8) @ np.ones(8)
     import seccomp as S
 
     _prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # /proc/PID/mem, environ and ptrace of us need CAP_SYS_PTRACE now

@@ -1,13 +1,16 @@
 """The bottleneck experiment of chapters 01 and 02: reverse a random token sequence.
 
-Hand-written, not generated: it only assembles the reference modules
-(``solutions.ch01_seq2seq`` and ``solutions.ch02_attention``) into two models of the
-same size, trains them on the same data, and measures token accuracy against length.
+Hand-written, not generated: it assembles the reference solutions of exercises 01 and 02
+into models of the same size, trains them on the same batches with the same loop, and
+measures token accuracy against length. The loop and the decoding are the exercises' own
+functions, ``seq2seq_forward`` and ``greedy_decode``, for every kind of model.
 
 * ``plain``: chapter 01's ``Encoder`` + ``Decoder``; the decoder sees one context vector,
   the encoder's final state.
 * ``attention``: the same ``Encoder`` + chapter 02's ``AttnDecoder``; the decoder builds
   a new context from all encoder states at every step.
+* ``bidirectional``: ``BiEncoder`` (a GRU reading in both directions, as in Bahdanau et
+  al.) + ``AttnDecoder``; each encoder state sees its token's left and right neighbours.
 
 Everything is seeded, and training runs on one CPU thread, so a run is reproducible.
 Print the numbers with ``python -m solutions.seq2seq_experiment``.
@@ -24,14 +27,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
 from solutions import ch01_seq2seq, ch02_attention
-from solutions.ch01_seq2seq import EOS, SOS, Decoder, Encoder, greedy_decode, seq2seq_forward
+from solutions.ch01_seq2seq import EOS, PAD, Decoder, Encoder, greedy_decode, seq2seq_forward
 from solutions.ch02_attention import AttnDecoder
 
 FIRST_SYMBOL = 3  # ids 0, 1, 2 are PAD, SOS, EOS
-KINDS = ("plain", "attention")
+KINDS = ("plain", "attention", "bidirectional")
 # Where the book's pages keep trained models, so that the chapter 02 page reuses the
 # plain model trained for chapter 01. A build output, git-ignored like the rest of _build.
 CACHE_DIR = Path(__file__).resolve().parent.parent / "_build" / "experiment_cache"
@@ -39,7 +43,7 @@ CACHE_DIR = Path(__file__).resolve().parent.parent / "_build" / "experiment_cach
 
 @dataclass(frozen=True)
 class Config:
-    """Task, model and training settings, shared by both models."""
+    """Task, model and training settings, shared by every kind of model."""
 
     n_symbols: int = 10  # ordinary tokens; the vocabulary adds PAD, SOS, EOS
     emb_size: int = 32
@@ -66,16 +70,41 @@ def make_batch(batch_size, length, n_symbols, generator):
     return src, src.flip(1)
 
 
+class BiEncoder(nn.Module):
+    """A bidirectional GRU encoder with chapter 01's interface: (B, T) -> ((B, T, H), (B, H)).
+
+    Each direction has H/2 units, so the states have the same size H as ``Encoder``'s and
+    ``AttnDecoder`` takes them unchanged.
+    """
+
+    def __init__(self, vocab_size, emb_size, hidden_size):
+        super().__init__()
+        self.embedding = nn.Embedding(vocab_size, emb_size)
+        self.rnn = nn.GRU(emb_size, hidden_size // 2, batch_first=True, bidirectional=True)
+
+    def forward(self, src):
+        outputs, h_n = self.rnn(self.embedding(src))  # (B, T, H), (2, B, H/2)
+        # Each direction's last state has read the whole input; together they start the decoder.
+        return outputs, torch.cat([h_n[0], h_n[1]], dim=-1)  # (B, T, H), (B, H)
+
+
 class Seq2SeqModel:
-    """An encoder and a decoder of either kind, with teacher-forced and greedy passes."""
+    """An encoder and a decoder of one kind, seen through chapter 01's interfaces.
+
+    ``encode`` and ``step`` have the signatures that ``seq2seq_forward`` and
+    ``greedy_decode`` expect of an encoder and a decoder step. Chapter 01's loops pass the
+    final encoder state as the context at every step; an attention step ignores it and
+    attends over all the states of the last ``encode`` call instead.
+    """
 
     def __init__(self, kind: str, config: Config):
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, not {kind!r}")
         self.kind, self.config = kind, config
         v, e, h = config.vocab_size, config.emb_size, config.hidden_size
-        self.encoder = Encoder(v, e, h)
+        self.encoder = (BiEncoder if kind == "bidirectional" else Encoder)(v, e, h)
         self.decoder = (Decoder if kind == "plain" else AttnDecoder)(v, e, h)
+        self._states, self._weights = None, []
 
     def parameters(self):
         return [*self.encoder.parameters(), *self.decoder.parameters()]
@@ -87,38 +116,58 @@ class Seq2SeqModel:
         self.encoder.load_state_dict(state["encoder"])
         self.decoder.load_state_dict(state["decoder"])
 
-    def teacher_forced_logits(self, src, tgt):
-        """Logits (B, T_out, V), every step fed the true previous token."""
+    def encode(self, src):
+        """(B, T) -> (all states (B, T, H), final state (B, H)), remembered for ``step``."""
+        self._states, final = self.encoder(src)  # (B, T, H), (B, H)
+        self._weights = []
+        return self._states, final
+
+    def step(self, y_prev, hidden, context):
+        """One decoder step: (B,), (B, H), (B, H) -> (logits (B, V), hidden (B, H))."""
         if self.kind == "plain":
-            return seq2seq_forward(self.encoder, self.decoder, src, tgt, teacher_forcing_ratio=1.0)
-        enc_outputs, hidden = self.encoder(src)  # (B, T, H), (B, H)
-        y_prev = torch.full_like(tgt[:, 0], SOS)
-        steps = []
-        for t in range(tgt.size(1)):
-            logits, hidden, _ = self.decoder(y_prev, hidden, enc_outputs)
-            steps.append(logits)
-            y_prev = tgt[:, t]
-        return torch.stack(steps, dim=1)  # (B, T_out, V)
+            return self.decoder(y_prev, hidden, context)
+        logits, hidden, weights = self.decoder(y_prev, hidden, self._states)  # ..., (B, T)
+        self._weights.append(weights)
+        return logits, hidden
 
     @torch.no_grad()
     def greedy(self, src, n_steps):
         """Greedy outputs (B, n_steps), and the attention weights (B, n_steps, T) or None.
 
-        Both models are told the output length: accuracy then measures content, not
-        stopping. A plain row that emits EOS early is padded, and counts as wrong.
+        Every kind decodes with chapter 01's ``greedy_decode``, which stops a row at EOS.
+        The targets contain no EOS, so an early EOS is an error; the row is padded after
+        it and every token from there counts as wrong.
         """
+        tokens = greedy_decode(self.encode, self.step, src, max_len=n_steps, eos=EOS)  # (B, L)
+        missing = n_steps - tokens.size(1)  # > 0 only if every row stopped early
+        tokens = F.pad(tokens, (0, missing), value=PAD)  # (B, n_steps)
         if self.kind == "plain":
-            tokens = greedy_decode(self.encoder, self.decoder, src, max_len=n_steps, eos=EOS)
-            return F.pad(tokens, (0, n_steps - tokens.size(1))), None
-        enc_outputs, hidden = self.encoder(src)
-        y = torch.full((src.size(0),), SOS, dtype=torch.long, device=src.device)
-        tokens, weights = [], []
-        for _ in range(n_steps):
-            logits, hidden, w = self.decoder(y, hidden, enc_outputs)
-            y = logits.argmax(dim=-1)
-            tokens.append(y)
-            weights.append(w)
-        return torch.stack(tokens, dim=1), torch.stack(weights, dim=1)
+            return tokens, None
+        weights = torch.stack(self._weights, dim=1)  # (B, L, T)
+        return tokens, F.pad(weights, (0, 0, 0, missing))  # (B, n_steps, T)
+
+
+def fit(model: Seq2SeqModel, config: Config) -> list[float]:
+    """Train with teacher forcing; return the loss every 50 steps."""
+    params = model.parameters()
+    optimizer = torch.optim.Adam(params, lr=config.lr)
+    data = torch.Generator().manual_seed(config.seed + 1)  # the same batches for every kind
+    losses = []
+    for step in range(config.steps):
+        length = int(torch.randint(config.min_len, config.max_len + 1, (1,), generator=data))
+        src, tgt = make_batch(config.batch_size, length, config.n_symbols, data)  # (B, T), (B, T)
+        logits = seq2seq_forward(model.encode, model.step, src, tgt, teacher_forcing_ratio=1.0)
+        # One cross-entropy over every token of the batch: (B*T, V) logits against (B*T,)
+        # targets; a PAD target (none in these batches, many in real ones) adds nothing.
+        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), tgt.reshape(-1), ignore_index=PAD)
+        optimizer.zero_grad()
+        loss.backward()
+        # Recurrent networks can produce rare, huge gradients; cap the norm of the step.
+        torch.nn.utils.clip_grad_norm_(params, config.clip)
+        optimizer.step()
+        if step % 50 == 0 or step == config.steps - 1:
+            losses.append(loss.item())
+    return losses
 
 
 @dataclass
@@ -130,8 +179,8 @@ class TrainedModel:
 
 
 def _cache_key(kind: str, config: Config) -> str:
-    """Changes whenever the settings or the code that trains the model change."""
-    h = hashlib.sha256(json.dumps([kind, dataclasses.asdict(config)]).encode())
+    """Changes whenever the settings, the code that trains the model or PyTorch change."""
+    h = hashlib.sha256(json.dumps([kind, dataclasses.asdict(config), torch.__version__]).encode())
     for module in (ch01_seq2seq, ch02_attention):
         h.update(Path(module.__file__).read_bytes())
     h.update(Path(__file__).read_bytes())
@@ -150,24 +199,10 @@ def train(kind: str, config: Config = Config(), cache_dir: str | Path | None = N
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        torch.manual_seed(config.seed)  # the same initial encoder for both kinds
+        torch.manual_seed(config.seed)  # the same initial weights wherever the kinds share a class
         model = Seq2SeqModel(kind, config)
-        params = model.parameters()
-        optimizer = torch.optim.Adam(params, lr=config.lr)
-        data = torch.Generator().manual_seed(config.seed + 1)  # the same batches for both kinds
-        losses = []
         start = time.perf_counter()
-        for step in range(config.steps):
-            length = int(torch.randint(config.min_len, config.max_len + 1, (1,), generator=data))
-            src, tgt = make_batch(config.batch_size, length, config.n_symbols, data)
-            logits = model.teacher_forced_logits(src, tgt)  # (B, T, V)
-            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), tgt.reshape(-1))
-            optimizer.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, config.clip)
-            optimizer.step()
-            if step % 50 == 0 or step == config.steps - 1:
-                losses.append(loss.item())
+        losses = fit(model, config)
         seconds = time.perf_counter() - start
     finally:
         torch.set_num_threads(threads)
@@ -210,10 +245,10 @@ def main() -> None:
     for kind in KINDS:
         trained = train(kind, config)
         results[kind] = accuracy_by_length(trained.model)
-        print(f"{kind:>9}: trained {config.steps} steps in {trained.seconds:.1f} s on one thread")
-    print("length   plain  attention")
+        print(f"{kind:>13}: trained {config.steps} steps in {trained.seconds:.1f} s on one thread")
+    print("length  " + "  ".join(f"{kind:>13}" for kind in KINDS))
     for length in config.eval_lengths:
-        print(f"{length:>6}   {results['plain'][length]:.3f}  {results['attention'][length]:.3f}")
+        print(f"{length:>6}  " + "  ".join(f"{results[kind][length]:13.3f}" for kind in KINDS))
 
 
 if __name__ == "__main__":

@@ -286,16 +286,27 @@ def expect_device_agnostic(learner, target, *args, **kwargs):
     run (data-dependent steps such as .item() or `if mask.any():`) gets no verdict and
     passes. Run a value check first: this one does not look at values."""
     name = target if isinstance(target, str) else getattr(target, "_label", "the function")
+    return _device_verdict(learner, target, to_meta(list(args)), to_meta(kwargs), FIXED_DEVICE_HINT.format(name),
+                           f"`{name}` returns a result on {{}} whatever its inputs' device: create tensors "
+                           "on the inputs' device and do not call .cpu() on the result.")
+
+
+def expect_accepts_cpu_tail(learner, target, on_gpu, on_cpu, hint: str):
+    """`target(*on_gpu, *on_cpu)` with `on_gpu` on the meta device (a GPU, as `expect_device_agnostic`
+    sees one) and `on_cpu` left on the CPU, as callers leave lengths or positions: fail with `hint`
+    when the call mixes the devices or leaves the GPU."""
+    return _device_verdict(learner, target, [*to_meta(list(on_gpu)), *on_cpu], {}, hint, hint)
+
+
+def _device_verdict(learner, target, args, kwargs, hint: str, left_hint: str):
     try:
-        out = learner.device_checked(target, *to_meta(list(args)), **to_meta(kwargs))
+        out = learner.device_checked(target, *args, **kwargs)
     except LearnerError as exc:
-        expect(not any(s in exc.message for s in DEVICE_ERRORS), FIXED_DEVICE_HINT.format(name))
+        expect(not any(s in exc.message for s in DEVICE_ERRORS), hint)
         return None  # something the meta device cannot run: no verdict
     except NotImplementedRemote:
         return None  # e.g. copying data out of a meta tensor: no verdict
     for t in _leaves(out):
         if isinstance(t, torch.Tensor):
-            expect(t.device.type == "meta",
-                   f"`{name}` returns a result on {t.device.type} whatever its inputs' device: create tensors "
-                   "on the inputs' device and do not call .cpu() on the result.")
+            expect(t.device.type == "meta", left_hint.replace("{}", t.device.type))
     return out

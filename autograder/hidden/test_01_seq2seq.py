@@ -570,13 +570,17 @@ def _expect_teacher_forced(got, m, final, tgt, sos=SOS, device="cpu"):
 
 @points(1, part="seq2seq_forward")
 def test_seq2seq_teacher_forcing_matches_reference(learner, reference, rng, devices):
-    """With teacher_forcing_ratio=1.0, are the logits those of step-by-step teacher forcing, on any device?"""
+    """With teacher_forcing_ratio=1.0, are the logits those of teacher forcing, on any device, for any target length?"""
     for device in devices:
         for dtype, sos in ((F32, None), (F64, 4)):
             m, src, tgt, final = _seq2seq_setup(learner, reference, rng, device, dtype)
             kwargs = {"teacher_forcing_ratio": 1.0, **({} if sos is None else {"sos": sos})}
             got = learner.seq2seq_forward(m.enc, m.dec, src, tgt, **kwargs)
             _expect_teacher_forced(got, m, final, tgt, SOS if sos is None else sos, device)
+    # A one-token target: the first input is sos alone, and no column of tgt past the first exists.
+    m1, src1, tgt1, final1 = _seq2seq_setup(learner, reference, rng, T_out=1)
+    _expect_teacher_forced(learner.seq2seq_forward(m1.enc, m1.dec, src1, tgt1, teacher_forcing_ratio=1.0),
+                           m1, final1, tgt1)
     _part_on_meta(learner, m, "seq2seq_forward", src.cpu(), tgt.cpu(), teacher_forcing_ratio=1.0)
 
 

@@ -24,8 +24,9 @@ import math
 import torch
 
 from autograder.hidden.support import (DEVICE_ERRORS, FIXED_DEVICE_HINT, HALF, Hint, close, diagnose, expect,
-                                       expect_close, expect_device_agnostic, expect_grads, learner_grads,
-                                       learner_module, pair, points, random_mask, reference_grads, tensor)
+                                       expect_accepts_cpu_tail, expect_close, expect_device_agnostic, expect_grads,
+                                       learner_grads, learner_module, pair, points, random_mask, reference_grads,
+                                       tensor)
 from autograder.runner import LearnerError, MissingName, NotImplementedRemote
 
 F32, F64 = torch.float32, torch.float64
@@ -817,6 +818,10 @@ def _check_position(learner, reference, h, W_p, v_p, src_len, device="cpu"):
                   _position_mistakes(reference, h, W_p, v_p, src_len), device=device, what="p (B,)")
 
 
+LENGTHS_DEVICE = ("`predict_position` would fail on a GPU when `src_len` is a tensor of lengths on the CPU (where "
+                  "lengths often stay) and `hidden` is on the GPU: move the lengths to hidden's device.")
+
+
 @points(1, part="predict_position")
 def test_predict_position_matches_reference(learner, reference, rng, devices):
     """Does predict_position agree with the reference for int and tensor lengths, and would it run on a GPU?"""
@@ -830,6 +835,8 @@ def test_predict_position_matches_reference(learner, reference, rng, devices):
     h, W_p, v_p = (t.cpu() for t in (h, W_p, v_p))
     expect_device_agnostic(learner, "predict_position", h, W_p, v_p, 7)
     expect_device_agnostic(learner, "predict_position", h, W_p, v_p, lengths.cpu())
+    # Lengths often stay on the CPU (pack_padded_sequence wants them there) while the states are on a GPU.
+    expect_accepts_cpu_tail(learner, "predict_position", (h, W_p, v_p), (lengths.cpu(),), LENGTHS_DEVICE)
 
 
 @points(1, part="predict_position")

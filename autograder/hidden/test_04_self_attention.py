@@ -21,8 +21,8 @@ from contextlib import contextmanager
 import torch
 
 from autograder.hidden.support import (DEVICE_ERRORS, FIXED_DEVICE_HINT, HALF, Hint, close, diagnose, expect,
-                                       expect_device_agnostic, expect_grads, learner_grads, learner_module, pair,
-                                       points, random_mask, tensor)
+                                       expect_accepts_cpu_tail, expect_device_agnostic, expect_grads, learner_grads,
+                                       learner_module, pair, points, random_mask, tensor)
 from autograder.runner import LearnerError, NotImplementedRemote
 
 F32, F64 = torch.float32, torch.float64
@@ -538,6 +538,8 @@ ROPE_SIN_COS = "sin and cos are swapped in the rotation: x'_2i = x_2i cos - x_2i
 ROPE_FROM_ONE = "The positions start at 1: by default the T vectors are at positions 0 .. T - 1."
 POSITIONS_IGNORED = "`positions` is ignored: the vector at index t is at positions[t], not at t."
 ROPE_BASE_IGNORED = "`base` is ignored: use the argument, not a fixed 10000."
+ROPE_POSITIONS_DEVICE = ("`apply_rope` would fail on a GPU when `positions` come on the CPU and `x` is on the GPU: "
+                         "move the positions to x's device before computing the angles.")
 HALF_ANGLES = ("In float16 or bfloat16 the result is wrong: compute the angles (and the rotation) in float32, "
                "then cast the result back to x's dtype.")
 
@@ -653,3 +655,5 @@ def test_rope_dtypes_and_devices(learner, reference, rng, devices):
     _check_rope(learner, x)
     expect_device_agnostic(learner, ROPE, x)
     expect_device_agnostic(learner, ROPE, x, torch.tensor([4, 1, 2]))
+    # Positions built without device= (torch.arange(T)) reach a GPU model on the CPU.
+    expect_accepts_cpu_tail(learner, ROPE, (x,), (torch.tensor([4, 1, 2]),), ROPE_POSITIONS_DEVICE)

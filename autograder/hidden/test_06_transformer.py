@@ -17,8 +17,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from autograder.hidden.support import (Hint, close, diagnose, expect, expect_device_agnostic, expect_grads,
-                                       learner_grads, learner_module, points, random_mask, tensor)
+from autograder.hidden.support import (DEVICE_ERRORS, FIXED_DEVICE_HINT, Hint, close, diagnose, expect,
+                                       expect_device_agnostic, expect_grads, learner_grads, learner_module, points,
+                                       random_mask, tensor)
 from autograder.runner import LearnerError, MissingName, NotImplementedRemote
 
 F32, F64 = torch.float32, torch.float64
@@ -63,6 +64,12 @@ CROSS_FROM_X = ("`DecoderLayer`'s cross-attention takes its keys and values from
                 "the queries from the target.")
 NORMS_SWAPPED = "`DecoderLayer` uses its norms in the wrong order: norm1 for self-attention, norm2 for " \
                 "cross-attention, norm3 for the feed-forward network."
+ATTN_NO_DROPOUT = ("`DecoderLayer` never drops attention weights in training mode: pass "
+                   "dropout_p=self_attn.dropout (0 in eval mode) to scaled_dot_product_attention.")
+ATTN_DROP_EVAL = ("`DecoderLayer` drops the self-attention weights in eval mode: pass dropout_p=0.0 when not "
+                  "self.training.")
+ATTN_DROPOUT_GENERIC = ("`DecoderLayer` in training mode, with dropout only in self-attention, differs from the "
+                        "reference: the attention weights are dropped with p = self_attn.dropout when self.training.")
 CACHE_AXIS = ("`DecoderLayer` grows the cache along the wrong axis: concatenate the earlier keys and values "
               "with the new ones along the positions, dim=2 of (B, H, T, d_head).")
 CACHE_ORDER = "`DecoderLayer` puts the new keys and values before the cached ones: the earlier positions come first."
@@ -116,6 +123,7 @@ GR_ANY_STOP = "`{}` stops when the first row produces eos: stop when every row h
 GR_STEPS = "`{}` takes one step too few or too many: at most max_len steps, one token each."
 GR_FIRST_POS = "`{}` takes the argmax of the first position's logits: the next token comes from the last position."
 GR_SPECIAL = "`{}` ignores its sos, eos or pad arguments: use the values passed."
+GR_DEVICE = "`{}` gives other tokens on a GPU than on the CPU: create every tensor on src.device."
 GR_OFFSET = ("`greedy_decode_cached` feeds every new token at position 0: pass offset=t, the position of the "
              "token fed at step t.")
 GR_NO_CACHE = ("`greedy_decode_cached` does not pass the caches of the previous step back in: each step's new "
@@ -259,6 +267,8 @@ def _decoder(parts, sd, x, memory, tgt_mask, memory_mask, cache, H, norm_first, 
         kv["k"], kv["v"] = k, v
         mask = None if mistake == "tgt_mask_ignored" else tgt_mask
         out, _ = parts.reference.scaled_dot_product_attention(q, k, v, mask)
+        if mistake == "weights_dropped":  # dropout 1 on the attention weights: nothing reaches W_o but its bias
+            out = torch.zeros_like(out)
         return _lin(sd, "self_attn.W_o", parts.reference.merge_heads(out))
 
     def cross_attn(h):
@@ -309,12 +319,12 @@ class _Layer:
     """The learner's EncoderLayer or DecoderLayer (a handle, float64, eval mode) holding random weights that
     the computations here use too."""
 
-    def __init__(self, learner, reference, rng, kind, D, H, d_ff, norm_first):
+    def __init__(self, learner, reference, rng, kind, D, H, d_ff, norm_first, dropout=0.0):
         self.kind, self.D, self.H, self.d_ff, self.norm_first = kind, D, H, d_ff, norm_first
-        ref = getattr(reference, kind)(D, H, d_ff, 0.0, norm_first)
+        ref = getattr(reference, kind)(D, H, d_ff, dropout, norm_first)
         self.sd = _state(rng, ref)
         ref.load_state_dict(self.sd)
-        self.mod = learner_module(learner, kind, ref, D, H, d_ff, 0.0, norm_first)
+        self.mod = learner_module(learner, kind, ref, D, H, d_ff, dropout, norm_first)
         self.mod.to(F64)
         self.mod.eval()
         self.learner, self.reference, self.rng = learner, reference, rng
@@ -388,12 +398,37 @@ class _Layer:
         also = "".join(FIX_PART.format(n, p, w) for n, p, w in trouble)
         table = []
         for m in mistakes:
+            if self.kind == "DecoderLayer" and not _applies(m, self.H, *args):
+                continue
             hint = COMMON_HINTS.get(m.split("@")[0])
             hint = hint.format(self.kind) if hint and "{}" in hint else hint
             r = (lambda m=m: self.compute(parts, *args, mistake=m))
             table.append((hint or MISTAKE_HINTS[m], (lambda r=r: r() if self.kind == "EncoderLayer" else r()[0])))
         generic = LAYER_GENERIC.format(self.kind, what)
         raise Hint(diagnose(out, table, generic, same=lambda a, b: close(a, b, rtol=1e-6, atol=1e-8)) + also)
+
+
+def _fits(mask, scores_shape):
+    """Whether `mask` broadcasts to attention scores of `scores_shape` (B, H, T_q, T_k)."""
+    if mask is None:
+        return True
+    try:
+        return torch.broadcast_shapes(tuple(mask.shape), scores_shape) == scores_shape
+    except RuntimeError:
+        return False
+
+
+def _applies(mistake, H, x, memory=None, tgt_mask=None, memory_mask=None, cache=None):
+    """Whether a typical mistake can run on these inputs: made with masks that do not fit its scores, it fails
+    in the learner's code too, so there is nothing to compare with."""
+    B, T = x.shape[0], x.shape[1]
+    if mistake == "self_mask_in_cross":
+        return _fits(tgt_mask, (B, H, T, memory.shape[1]))
+    if mistake == "cross_from_x":
+        return _fits(memory_mask, (B, H, T, T))
+    if mistake == "cache_ignored":
+        return _fits(tgt_mask, (B, H, T, T))
+    return True
 
 
 MISTAKE_HINTS = {
@@ -405,10 +440,11 @@ MISTAKE_HINTS = {
     "norms_swapped": NORMS_SWAPPED,
     "cache_order": CACHE_ORDER,
     "cache_ignored": CACHE_IGNORED,
+    "weights_dropped": ATTN_DROP_EVAL,
 }
 ENC_MISTAKES = COMMON + ["mask_ignored"]
 DEC_MISTAKES = COMMON + ["tgt_mask_ignored", "memory_mask_ignored", "self_mask_in_cross", "cross_from_x",
-                         "norms_swapped"]
+                         "norms_swapped", "weights_dropped"]
 
 
 # --- Part 1: LayerNorm (3 points) ------------------------------------------------------------
@@ -673,7 +709,7 @@ def _cache_ok(layer, got, args):
 
 @points(2, part="decoder_layer")
 def test_decoder_layer_matches_reference(learner, reference, rng):
-    """Does DecoderLayer compute self-attention, cross-attention and the feed-forward network with Add & Norm?"""
+    """Does DecoderLayer do self-attention (with dropout), cross-attention and the feed-forward net with Add & Norm?"""
     for norm_first in (False, True):
         for D, H, d_ff, T, S in ((8, 2, 16, 5, 5), (12, 3, 20, 4, 6)):
             layer = _Layer(learner, reference, rng, "DecoderLayer", D, H, d_ff, norm_first)
@@ -682,6 +718,29 @@ def test_decoder_layer_matches_reference(learner, reference, rng):
             args = (x, memory, _causal(T), mem_mask if T != S else _causal(T) & mem_mask, None)
             got = layer.check(*args, mistakes=DEC_MISTAKES, what=f"norm_first={norm_first}, causal and padding masks")
             _cache_ok(layer, got, args)
+        _check_attention_dropout(learner, reference, rng, norm_first)
+
+
+def _check_attention_dropout(learner, reference, rng, norm_first):
+    """In training mode with p = 1 every attention weight of self-attention is dropped, so that sublayer gives
+    W_o's bias; the residual dropout, cross-attention and the feed-forward network are kept in eval mode so that
+    only the self-attention's dropout shows."""
+    layer = _Layer(learner, reference, rng, "DecoderLayer", 8, 2, 16, norm_first, dropout=1.0)
+    layer.mod.train()
+    for name in ("dropout", "cross_attn", "ff"):
+        getattr(layer.mod, name).eval()
+    x, memory, mem_mask = _dec_inputs(rng, 2, 4, 3, 8)
+    args = (x, memory, _causal(4), mem_mask, None)
+    out = layer.run(*args)[0]
+    if close(out, layer.compute(_Parts(reference), *args, mistake="weights_dropped")[0]):
+        return
+    trouble = [t for t in layer._trouble() if t[2] == "is wrong"]
+    parts = _Parts(reference, learner) if trouble else _Parts(reference)
+    if trouble and close(out, layer.compute(parts, *args, mistake="weights_dropped")[0]):
+        return
+    also = "".join(FIX_PART.format(n, p, w) for n, p, w in trouble)
+    raise Hint(diagnose(out, [(ATTN_NO_DROPOUT, lambda: layer.compute(parts, *args)[0])], ATTN_DROPOUT_GENERIC,
+                        same=lambda a, b: close(a, b, rtol=1e-6, atol=1e-8)) + also)
 
 
 @points(1, part="decoder_layer")
@@ -1119,14 +1178,22 @@ def _offset_zero(reference, ref, src, max_len, sos, eos, pad):
 def _finishes_unevenly(out, eos):
     L = out.shape[1]
     firsts = [row.index(eos) if eos in row else L for row in out.tolist()]
-    return min(firsts) < L - 1
+    # Rows end at different steps, and one runs at least three: a prefix longer than one token
+    # is decoded, where a mask of the wrong shape no longer broadcasts by chance.
+    return min(firsts) < max(firsts) and max(firsts) >= 2
 
 
 def _greedy_model(learner, reference, rng, B, max_len, *, norm_first=False, sos=SOS, eos=EOS, pad=PAD):
-    """A model whose greedy outputs (computed here with the reference) finish at different steps, and sources."""
+    """A model whose greedy outputs finish at different steps, and sources.
+
+    The outputs are computed with the reference, and then with the learner's own model, whose decoding the
+    greedy checks judge: a learner's model that stops every row at once (a wrong decoder layer may) would
+    let those checks pass without running a prefix longer than one token, so a few more models are tried."""
+    m, own_tries = None, 0
+    ref = reference.Transformer(9, 9, 16, 2, 2, 24, 0.0, 64, norm_first).eval()  # new weights each try
     for _ in range(100):
         bias = float(torch.rand((), generator=rng)) * 3.0
-        ref = reference.Transformer(9, 9, 16, 2, 2, 24, 0.0, 64, norm_first).double().eval()
+        ref.double()  # (the learner's copy below leaves it in float32)
         sd = _state(rng, ref)
         for n in ("src_embed.weight", "tgt_embed.weight"):
             sd[n] = _r(_randn(rng, 9, 16, scale=0.6 / math.sqrt(16)))
@@ -1135,10 +1202,27 @@ def _greedy_model(learner, reference, rng, B, max_len, *, norm_first=False, sos=
         src = _padded_tokens(rng, B, _randint(rng, 3, 6), pad=pad)
         with torch.no_grad():
             out = reference.greedy_decode(ref, src, max_len, sos, eos, pad)
+            if not (B == 1 or _finishes_unevenly(out, eos)):
+                continue
             # Positions must matter: feeding every token at position 0 changes the output.
-            moved = _offset_zero(reference, ref, src, max_len, sos, eos, pad)
-        if (B == 1 or _finishes_unevenly(out, eos)) and not torch.equal(moved, out):
+            if torch.equal(_offset_zero(reference, ref, src, max_len, sos, eos, pad), out):
+                continue
+        m = _learner_model(learner, reference, rng, ref, sd, norm_first)
+        own_tries += 1
+        if B == 1 or own_tries == 8:
             break
+        try:
+            own = _greedy_here(m, src, max_len, sos, eos, pad)
+        except (LearnerError, NotImplementedRemote, Hint):
+            break  # the learner's model fails: the checks say which part to fix
+        if _finishes_unevenly(own, eos):
+            break
+    if m is None:
+        m = _learner_model(learner, reference, rng, ref, sd, norm_first)
+    return m, src
+
+
+def _learner_model(learner, reference, rng, ref, sd, norm_first):
     m = _Model.__new__(_Model)
     m.args = (9, 9, 16, 2, 2, 24, 0.0, 64, norm_first)
     m.V, m.D, m.H, m.n_layers, m.norm_first = 9, 16, 2, 2, norm_first
@@ -1146,7 +1230,7 @@ def _greedy_model(learner, reference, rng, B, max_len, *, norm_first=False, sos=
     m.mod = learner_module(learner, "Transformer", ref.float(), *m.args)
     m.mod.to(F64)
     m.mod.eval()
-    return m, src
+    return m
 
 
 def _check_greedy(learner, m, src, max_len, name, **special):
@@ -1180,20 +1264,40 @@ def _check_greedy(learner, m, src, max_len, name, **special):
                         GR_GENERIC.format(name) if shaped else GR_TYPE.format(name), same=torch.equal))
 
 
+def _check_greedy_on_devices(learner, reference, rng, devices, name):
+    """The decoder, right on the CPU, run with its model and source on every other device: the same tokens, on
+    that device. Tokens, flags or masks created on the CPU show only there (a meta run cannot pick tokens)."""
+    for device in devices:
+        if device == "cpu":
+            continue
+        m, src = _greedy_model(learner, reference, rng, 4, 6)
+        want = _check_greedy(learner, m, src, 6, name)
+        m.mod.to(device)
+        try:
+            got = getattr(learner, name)(m.mod, src.to(device), 6)
+        except LearnerError as exc:
+            expect(not any(s in exc.message for s in DEVICE_ERRORS), FIXED_DEVICE_HINT.format(name))
+            raise
+        tensor(got, name, dtype=torch.long, device=device, what="its tokens")
+        expect(torch.equal(got.cpu(), want), GR_DEVICE.format(name))
+
+
 @points(1.5, part="greedy_decode")
-def test_greedy_decode_matches_reference(learner, reference, rng):
+def test_greedy_decode_matches_reference(learner, reference, rng, devices):
     """Does greedy_decode feed back the argmax at every step, pad after eos and stop when every row is done?"""
     for B, max_len, norm_first in ((5, 7, False), (1, 4, True), (6, 6, True)):
         m, src = _greedy_model(learner, reference, rng, B, max_len, norm_first=norm_first)
         _check_greedy(learner, m, src, max_len, "greedy_decode")
+    _check_greedy_on_devices(learner, reference, rng, devices, "greedy_decode")
 
 
 @points(2, part="greedy_decode")
-def test_greedy_decode_cached_equals_recomputation(learner, reference, rng):
+def test_greedy_decode_cached_equals_recomputation(learner, reference, rng, devices):
     """Does greedy_decode_cached give exactly greedy_decode's tokens when rows end at different steps?"""
     for B, max_len, norm_first in ((5, 7, False), (6, 8, True), (1, 5, False)):
         m, src = _greedy_model(learner, reference, rng, B, max_len, norm_first=norm_first)
         _check_greedy(learner, m, src, max_len, "greedy_decode_cached")
+    _check_greedy_on_devices(learner, reference, rng, devices, "greedy_decode_cached")
 
 
 @points(0.5, part="greedy_decode")

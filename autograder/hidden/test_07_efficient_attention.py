@@ -112,6 +112,12 @@ L_FULL_SUMS = ("Causal `linear_attention` uses the sums over all keys: query i m
                "both sums must be running (cumulative) sums over the positions.")
 L_EXCLUSIVE = ("Causal `linear_attention` leaves out each query's own key: the running sums must include "
                "position i (cumsum, not the sum of the positions before i).")
+L_NO_EPS = ("`linear_attention` gives NaN or inf when every phi(k_j) underflows to 0 (very negative keys): "
+            "add eps to the denominator, phi(q) . sum_j phi(k_j) + eps.")
+L_LENGTHS = ("Causal `linear_attention` accepts a number of queries different from the number of keys: "
+             "compare q.size(-2) with k.size(-2) and raise a ValueError when they differ.")
+L_LENGTHS_OTHER = ("Causal `linear_attention` must raise a ValueError itself when q.size(-2) != k.size(-2) (check "
+                   "the lengths first), not a {}.")
 L_HALF = ("`linear_attention` is far from the reference in float16 or bfloat16, or changes the dtype of its "
           "input: compute in float32 and return q's dtype.")
 
@@ -456,20 +462,40 @@ def _check_linear(learner, q, k, v, causal=False, device="cpu"):
 
 @points(2, part="linear_attention")
 def test_linear_attention_matches_reference(learner, reference, rng):
-    """Does linear_attention equal phi(q) (phi(k)^T v) / (phi(q) . sum phi(k) + eps), with phi = elu + 1?"""
+    """Does linear_attention equal phi(q) (phi(k)^T v) / (phi(q) . sum phi(k) + eps), phi = elu + 1, eps included?"""
     for n_lead, dtype in ((0, F32), (1, F64), (2, F32), (3, F64)):
         q, k, v = _qkv(rng, _lead(rng, n_lead), _randint(rng, 3, 20), _randint(rng, 3, 20), _randint(rng, 3, 9),
                        _randint(rng, 2, 7), dtype)
         _check_linear(learner, q, k, v)
+    # Keys so negative that phi(k) = elu(k) + 1 is 0 in floating point: only eps keeps the denominator from 0.
+    for dtype in (F32, F64):
+        q, k, v = _qkv(rng, (2,), 5, 7, 4, 3, dtype)
+        k[0] = k[0] * 0.1 - 100.0
+        got = tensor(learner.linear_attention(q, k, v), LINEAR, shape=(2, 5, 3), dtype=dtype)
+        expect(_finite(got), L_NO_EPS)
+        _check_linear(learner, q, k, v)
+
+
+def _expect_length_error(learner, Lq, Lk, rng):
+    """Causal linear attention with Lq != Lk must raise a ValueError of its own."""
+    q, k, v = _qkv(rng, (2,), Lq, Lk, 4, 3)
+    try:
+        learner.linear_attention(q, k, v, causal=True)
+    except LearnerError as exc:
+        expect(exc.etype == "ValueError", L_LENGTHS_OTHER.format(exc.etype))
+        return
+    raise Hint(L_LENGTHS)
 
 
 @points(3, part="linear_attention")
 def test_linear_attention_causal(learner, reference, rng):
-    """With causal=True, does query i see only keys j <= i, through running sums?"""
+    """With causal=True, does query i see only keys j <= i, through running sums, and do Lq != Lk raise a ValueError?"""
     for n_lead, dtype in ((1, F32), (2, F64), (0, F64), (3, F32)):
         L = _randint(rng, 5, 24)
         q, k, v = _qkv(rng, _lead(rng, n_lead), L, L, _randint(rng, 3, 9), _randint(rng, 2, 7), dtype)
         _check_linear(learner, q, k, v, causal=True)
+    _expect_length_error(learner, 6, 9, rng)
+    _expect_length_error(learner, 9, 6, rng)
 
 
 @points(1, part="linear_attention")

@@ -1,0 +1,846 @@
+"""Mutation testing of the hidden tests: would they notice a wrong answer?
+
+``python -m autograder mutants KEY`` takes each solution region of the exercise's master
+(the code between ``### BEGIN SOLUTION`` and ``### END SOLUTION``), makes *mutants* of it,
+each one small change to one expression or statement, turns every mutant into a learner
+notebook (the reference notebook with that one cell changed) and grades them all with the
+real grader (``python -m autograder grade``, sandboxed, in parallel). A mutant is *killed*
+when it scores below full marks; it *survives* when it keeps every point.
+
+The mutation operators are the mistakes tensor code invites: the axis of a reduction or a
+softmax, a transpose dropped, the 1/sqrt(d) scale dropped or squared, a mask inverted, a
+fill value of -inf turned into 0, off-by-one comparisons, indices and ranges, tril <-> triu,
+operands swapped in cat/stack/matmul/einsum, a term dropped from a sum, ``+=`` turned into
+``=``, constants perturbed, an intermediate returned, max <-> min, exp dropped. Each is
+applied to one AST node; only that node's text is rewritten (``ast.unparse``), the rest of
+the cell stays byte-identical, and the result is checked to parse to exactly the intended
+tree.
+
+Each mutant has a stable id, ``CELL-OPERATOR-HASH``, the hash taken over the enclosing
+function's name and the changed line(s) before and after, so it survives edits elsewhere.
+A survivor that cannot change any output is marked *equivalent* in
+``exercises/source/KEY.equivalent.toml``, one table per id with a one-line reason::
+
+    [softmax-keepdim-0123abcd]
+    reason = "the division broadcasts the same either way"
+
+Marked mutants are left out of the score, killed / (all - marked equivalent), and listed
+apart. A survivor that shows a real gap waits for a hidden check that kills it; until then
+it may be listed in the same file with ``gap = "..."`` (what check would kill it): it still
+counts against the score and is only left out of the CI sample. A mark whose id no longer
+exists is reported as stale.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .assignments import Assignment, get_assignment
+
+MARKER_RE = re.compile(r"^\s*### (BEGIN|END) SOLUTION\s*$")
+# Methods and functions whose first (method) or second (function) positional argument is an axis.
+DIM_FUNCS = {"softmax", "log_softmax", "sum", "mean", "max", "min", "amax", "amin", "argmax", "argmin",
+             "cumsum", "cumprod", "logsumexp", "var", "std", "norm", "size", "unsqueeze", "squeeze",
+             "cat", "concatenate", "stack", "flip", "expand_dims", "flatten", "prod", "all", "any"}
+DIM_KEYWORDS = {"dim", "axis"}
+SWAP_DIMS = {-1: -2, -2: -1, 0: 1, 1: 0}
+MAX_MIN = {"max": "min", "min": "max", "amax": "amin", "amin": "amax", "maximum": "minimum",
+           "minimum": "maximum", "argmax": "argmin", "argmin": "argmax"}
+TRI = {"tril": "triu", "triu": "tril"}
+COMPARE_SWAP = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq,
+                ast.NotEq: ast.Eq, ast.Is: ast.IsNot, ast.IsNot: ast.Is}
+ARITH_SWAP = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult}
+FILL_FUNCS = {"masked_fill", "masked_fill_", "where"}
+# The tensor-specific operators first; the generic ones after.
+OPERATORS = ("dim", "keepdim", "transpose", "scale", "mask", "fill", "compare", "off_by_one", "tri",
+             "diagonal", "swap_args", "swap_name", "drop_kwarg", "drop_term", "arith", "aug_assign",
+             "float_const", "return_intermediate", "max_min", "exp")
+
+
+# --- the operators: each maps one AST node to the nodes that may replace it --------------------------
+
+def _name(func: ast.expr) -> str:
+    """The called name: `softmax` for torch.softmax, F.softmax and x.softmax."""
+    if isinstance(func, ast.Attribute):
+        return func.attr
+    if isinstance(func, ast.Name):
+        return func.id
+    return ""
+
+
+def _int(node: ast.expr) -> int | None:
+    """The value of an int literal, negative ones included; None for anything else."""
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return node.value
+    if (isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and isinstance(node.operand, ast.Constant)
+            and type(node.operand.value) is int):
+        return -node.operand.value
+    return None
+
+
+def _int_node(value: int) -> ast.expr:
+    return ast.UnaryOp(ast.USub(), ast.Constant(-value)) if value < 0 else ast.Constant(value)
+
+
+def _other_dim(value: int) -> int:
+    return SWAP_DIMS.get(value, value - 1 if value > 0 else value + 1)
+
+
+def _is_method(call: ast.Call) -> bool:
+    """x.f(...) on a value, not mod.f(...) on a module such as torch, np, F or math."""
+    f = call.func
+    return isinstance(f, ast.Attribute) and not (isinstance(f.value, ast.Name)
+                                                 and f.value.id in {"torch", "np", "numpy", "F", "math", "nn"})
+
+
+def _dim_positions(call: ast.Call) -> list[int]:
+    """Indices of the positional arguments of `call` that are axes."""
+    name = _name(call.func)
+    if name not in DIM_FUNCS:
+        return []
+    if name in {"size"}:
+        return [0]
+    index = 0 if _is_method(call) else 1
+    return [index] if len(call.args) > index and _int(call.args[index]) is not None else []
+
+
+def _neg_inf_like(node: ast.expr) -> bool:
+    """-inf, float("-inf"), -np.inf, torch.finfo(...).min, -1e9 and the like: a "never attend" fill."""
+    text = ast.unparse(node)
+    if "inf" in text or re.search(r"finfo\(.*\)\.min$", text):
+        return True
+    value = node.operand.value if isinstance(node, ast.UnaryOp) and isinstance(node.operand, ast.Constant) else None
+    return isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and isinstance(value, (int, float)) \
+        and value >= 1e4
+
+
+def _zero(node: ast.expr) -> bool:
+    return isinstance(node, ast.Constant) and type(node.value) in (int, float) and node.value == 0
+
+
+def op_dim(node, ctx):
+    if not isinstance(node, ast.Call):
+        return
+    for i, kw in enumerate(node.keywords):
+        if kw.arg in DIM_KEYWORDS and _int(kw.value) is not None:
+            new = copy.deepcopy(node)
+            new.keywords[i].value = _int_node(_other_dim(_int(kw.value)))
+            yield new
+    for i in _dim_positions(node):
+        new = copy.deepcopy(node)
+        new.args[i] = _int_node(_other_dim(_int(node.args[i])))
+        yield new
+    if _name(node.func) == "transpose" or _name(node.func) == "swapaxes":
+        # transpose(a, b) with a dim moved: (-2, -1) -> (-3, -1)
+        first = 0 if _is_method(node) else 1
+        if len(node.args) >= first + 2 and _int(node.args[first]) is not None:
+            new = copy.deepcopy(node)
+            a, b = _int(node.args[first]), _int(node.args[first + 1])
+            step = -1 if a != 0 else 1
+            moved = a + step if a + step != b else a + 2 * step
+            new.args[first] = _int_node(moved)
+            yield new
+
+
+def op_keepdim(node, ctx):
+    if isinstance(node, ast.Call):
+        for i, kw in enumerate(node.keywords):
+            if kw.arg in ("keepdim", "keepdims") and isinstance(kw.value, ast.Constant) and kw.value.value is True:
+                new = copy.deepcopy(node)
+                del new.keywords[i]
+                yield new
+
+
+def op_transpose(node, ctx):
+    if isinstance(node, ast.Attribute) and node.attr in ("T", "mT") and isinstance(node.ctx, ast.Load):
+        yield copy.deepcopy(node.value)
+    if isinstance(node, ast.Call):
+        name = _name(node.func)
+        if name in ("transpose", "swapaxes", "t") and _is_method(node):
+            yield copy.deepcopy(node.func.value)
+        elif name in ("transpose", "swapaxes") and node.args:
+            yield copy.deepcopy(node.args[0])
+        elif name == "permute" and _is_method(node) and len(node.args) >= 2:
+            new = copy.deepcopy(node)
+            new.args[-1], new.args[-2] = new.args[-2], new.args[-1]
+            yield new
+
+
+def _sqrt_call(node) -> bool:
+    return isinstance(node, ast.Call) and _name(node.func) in ("sqrt", "rsqrt") and len(node.args) == 1
+
+
+def op_scale(node, ctx):
+    if _sqrt_call(node) and _name(node.func) == "sqrt":
+        yield copy.deepcopy(node.args[0])  # sqrt(d) -> d: the scale squared
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow) \
+            and isinstance(node.right, (ast.Constant, ast.UnaryOp)):
+        text = ast.unparse(node.right)
+        if text in ("0.5", "-0.5", "(-0.5)"):
+            new = copy.deepcopy(node)
+            new.right = ast.Constant(1.0) if text == "0.5" else _neg_float(1.0)
+            yield new
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Div, ast.Mult)):
+        right = node.right
+        if _sqrt_call(right) or (isinstance(right, ast.BinOp) and isinstance(right.op, ast.Pow)) \
+                or (isinstance(right, ast.Name) and "scale" in right.id):
+            yield copy.deepcopy(node.left)  # the scale removed
+
+
+def _neg_float(value: float) -> ast.expr:
+    return ast.UnaryOp(ast.USub(), ast.Constant(value))
+
+
+def op_mask(node, ctx):
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.Invert, ast.Not)):
+        yield copy.deepcopy(node.operand)
+    if isinstance(node, ast.Call) and _name(node.func) == "logical_not" and len(node.args) == 1:
+        yield copy.deepcopy(node.args[0])
+    if isinstance(node, ast.Call) and _name(node.func) in FILL_FUNCS:
+        i = 0 if _is_method(node) and _name(node.func) != "where" else (0 if _name(node.func) == "where" else 1)
+        if len(node.args) > i and not (isinstance(node.args[i], ast.UnaryOp)
+                                       and isinstance(node.args[i].op, (ast.Invert, ast.Not))):
+            new = copy.deepcopy(node)
+            new.args[i] = ast.UnaryOp(ast.Invert(), new.args[i])
+            yield new
+
+
+def op_fill(node, ctx):
+    if not (isinstance(node, ast.Call) and _name(node.func) in FILL_FUNCS):
+        return
+    for i, arg in enumerate(node.args):
+        if i == 0 and _name(node.func) == "where":
+            continue
+        if _neg_inf_like(arg):
+            new = copy.deepcopy(node)
+            new.args[i] = ast.Constant(0.0)
+            yield new
+        elif _zero(arg):
+            new = copy.deepcopy(node)
+            new.args[i] = ast.Call(ast.Name("float", ast.Load()), [ast.Constant("-inf")], [])
+            yield new
+
+
+def op_compare(node, ctx):
+    if isinstance(node, ast.Compare):
+        for i, op in enumerate(node.ops):
+            if type(op) in COMPARE_SWAP:
+                new = copy.deepcopy(node)
+                new.ops[i] = COMPARE_SWAP[type(op)]()
+                yield new
+
+
+def op_off_by_one(node, ctx):
+    """Integer constants +/-1 in indices, slices, range() and `i +/- n` (dims are op_dim's)."""
+    if id(node) in ctx["index_ints"]:
+        for delta in (1, -1):
+            yield _int_node(_int(node) + delta)
+
+
+def op_tri(node, ctx):
+    if isinstance(node, ast.Attribute) and node.attr in TRI:
+        new = copy.deepcopy(node)
+        new.attr = TRI[node.attr]
+        yield new
+
+
+def op_diagonal(node, ctx):
+    if isinstance(node, ast.Call) and _name(node.func) in TRI:
+        for i, kw in enumerate(node.keywords):
+            if kw.arg == "diagonal" and _int(kw.value) is not None:
+                for delta in (1, -1):
+                    new = copy.deepcopy(node)
+                    new.keywords[i].value = _int_node(_int(kw.value) + delta)
+                    yield new
+        index = 0 if _is_method(node) else 1
+        if len(node.args) > index and _int(node.args[index]) is not None:
+            for delta in (1, -1):
+                new = copy.deepcopy(node)
+                new.args[index] = _int_node(_int(node.args[index]) + delta)
+                yield new
+        elif len(node.args) == index and not any(kw.arg == "diagonal" for kw in node.keywords):
+            for delta in (1, -1):
+                new = copy.deepcopy(node)
+                new.keywords.append(ast.keyword("diagonal", _int_node(delta)))
+                yield new
+
+
+def op_swap_args(node, ctx):
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
+        yield ast.BinOp(copy.deepcopy(node.right), ast.MatMult(), copy.deepcopy(node.left))
+    if not isinstance(node, ast.Call):
+        return
+    name = _name(node.func)
+    if name in ("cat", "stack", "concatenate") and node.args and isinstance(node.args[0], (ast.List, ast.Tuple)) \
+            and len(node.args[0].elts) >= 2:
+        new = copy.deepcopy(node)
+        new.args[0].elts[0], new.args[0].elts[1] = new.args[0].elts[1], new.args[0].elts[0]
+        yield new
+    plain = (ast.Name, ast.Attribute)
+    if name not in ("cat", "stack", "concatenate", "matmul", "bmm", "mm", "einsum", "range") \
+            and len(node.args) >= 2 and isinstance(node.args[0], plain) and isinstance(node.args[1], plain) \
+            and ast.dump(node.args[0]) != ast.dump(node.args[1]):
+        new = copy.deepcopy(node)
+        new.args[0], new.args[1] = new.args[1], new.args[0]  # the first two arguments in the wrong order
+        yield new
+    if name in ("matmul", "bmm", "mm") and not _is_method(node) and len(node.args) == 2:
+        new = copy.deepcopy(node)
+        new.args.reverse()
+        yield new
+    if name == "einsum" and node.args and isinstance(node.args[0], ast.Constant) \
+            and isinstance(node.args[0].value, str):
+        spec = node.args[0].value.replace(" ", "")
+        if "->" in spec and len(node.args) == 3:
+            ins, out = spec.split("->")
+            a, b = ins.split(",")
+            new = copy.deepcopy(node)
+            new.args[1], new.args[2] = new.args[2], new.args[1]  # operands swapped, subscripts kept
+            yield new
+            if len(out) >= 2:
+                new = copy.deepcopy(node)
+                new.args[0] = ast.Constant(f"{ins}->{out[:-2]}{out[-1]}{out[-2]}")
+                yield new
+
+
+def op_drop_kwarg(node, ctx):
+    """A keyword argument forgotten: mask=mask, dropout_p=p, device=x.device ... (dims are op_dim's)."""
+    if isinstance(node, ast.Call):
+        for i, kw in enumerate(node.keywords):
+            if kw.arg and kw.arg not in DIM_KEYWORDS and kw.arg not in ("keepdim", "keepdims") \
+                    and isinstance(kw.value, (ast.Name, ast.Attribute, ast.Call)):
+                new = copy.deepcopy(node)
+                del new.keywords[i]
+                yield new
+
+
+def _family(name: str) -> str | None:
+    """Names that play parallel roles (q/k/v, query/key/value, W_q/W_k/W_v/W_o) share a family."""
+    if name in ("q", "k", "v"):
+        return "q,k,v"
+    if name in ("query", "key", "value"):
+        return "query,key,value"
+    if len(name) >= 3 and name[-2] == "_" and name[-1] in "qkvo":
+        return name[:-1]
+    return None
+
+
+def op_swap_name(node, ctx):
+    """q used where k belongs, self.W_k where self.W_q belongs: the next name of the same family in the cell."""
+    if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+        name = node.id
+    elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
+        name = node.attr
+    else:
+        return
+    family = _family(name)
+    if family is None:
+        return
+    members = sorted(n for n in ctx["names"] if _family(n) == family)
+    if len(members) < 2:
+        return
+    other = members[(members.index(name) + 1) % len(members)]
+    if isinstance(node, ast.Name):
+        yield ast.Name(other, ast.Load())
+    else:
+        new = copy.deepcopy(node)
+        new.attr = other
+        yield new
+
+
+def op_drop_term(node, ctx):
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub)):
+        yield copy.deepcopy(node.left)
+        if isinstance(node.op, ast.Add):
+            yield copy.deepcopy(node.right)
+
+
+def op_arith(node, ctx):
+    if isinstance(node, ast.BinOp) and type(node.op) in ARITH_SWAP:
+        new = copy.deepcopy(node)
+        new.op = ARITH_SWAP[type(node.op)]()
+        yield new
+
+
+def op_aug_assign(node, ctx):
+    if isinstance(node, ast.AugAssign):
+        target = copy.deepcopy(node.target)
+        yield ast.copy_location(ast.Assign([target], copy.deepcopy(node.value), lineno=node.lineno), node)
+
+
+def op_float_const(node, ctx):
+    if isinstance(node, ast.Constant) and type(node.value) is float and id(node) not in ctx["fill_args"]:
+        value = node.value
+        new_value = 1.0 if value == 0.0 else value * 1.5
+        if new_value != value and repr(new_value) != "inf":
+            yield ast.Constant(new_value)
+
+
+def op_return_intermediate(node, ctx):
+    if isinstance(node, ast.Return) and node.value is not None and not isinstance(node.value, ast.Name):
+        if isinstance(node.value, ast.Tuple):
+            return  # a tuple of results: one name instead is a different API, not a slip
+        for name in _spine(node.value):
+            if name in ctx["locals"]:
+                yield ast.Return(ast.Name(name, ast.Load()))
+                return
+
+
+def _spine(node: ast.expr) -> list[str]:
+    """Names the value is computed from directly: operands, receivers of method chains."""
+    if isinstance(node, ast.Name):
+        return [node.id]
+    if isinstance(node, ast.BinOp):
+        return _spine(node.left) + _spine(node.right)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        return _spine(node.func.value)
+    if isinstance(node, (ast.Attribute, ast.Subscript)):
+        return _spine(node.value)
+    return []
+
+
+def op_max_min(node, ctx):
+    if isinstance(node, ast.Attribute) and node.attr in MAX_MIN and isinstance(node.ctx, ast.Load):
+        new = copy.deepcopy(node)
+        new.attr = MAX_MIN[node.attr]
+        yield new
+    if isinstance(node, ast.Name) and node.id in ("max", "min") and isinstance(node.ctx, ast.Load):
+        yield ast.Name(MAX_MIN[node.id], ast.Load())
+
+
+def op_exp(node, ctx):
+    if isinstance(node, ast.Call) and _name(node.func) == "exp":
+        if _is_method(node) and not node.args:
+            yield copy.deepcopy(node.func.value)
+        elif len(node.args) == 1:
+            yield copy.deepcopy(node.args[0])
+
+
+OPERATOR_FUNCS = {name: globals()[f"op_{name}"] for name in OPERATORS}
+
+
+# --- mutants of a cell ------------------------------------------------------------------------------
+
+@dataclass
+class Mutant:
+    id: str
+    cell: str  # the solution cell's grade_id
+    operator: str
+    function: str  # the enclosing function (Class.method)
+    line: int  # first changed line, 1-based within the cell
+    before: str  # the changed line(s) as they were
+    after: str  # and as the mutant has them
+    source: str = field(repr=False, default="")  # the whole mutated cell
+
+
+def _regions(source: str) -> list[tuple[int, int]]:
+    """(first, last) 1-based line numbers strictly inside each BEGIN/END SOLUTION pair."""
+    out, start = [], None
+    for n, line in enumerate(source.splitlines(), 1):
+        m = MARKER_RE.match(line)
+        if m and m.group(1) == "BEGIN":
+            start = n
+        elif m and start is not None:
+            out.append((start + 1, n - 1))
+            start = None
+    return out
+
+
+def _parents(tree: ast.AST) -> dict[int, tuple[ast.AST, str, int | None]]:
+    out = {}
+    for parent in ast.walk(tree):
+        for fname, value in ast.iter_fields(parent):
+            if isinstance(value, list):
+                for i, item in enumerate(value):
+                    if isinstance(item, ast.AST):
+                        out[id(item)] = (parent, fname, i)
+            elif isinstance(value, ast.AST):
+                out[id(value)] = (parent, fname, None)
+    return out
+
+
+def _replace_in_tree(tree: ast.AST, index: int, new: ast.AST) -> ast.AST:
+    """A copy of `tree` with its `index`-th node (ast.walk order) replaced by `new`."""
+    tree = copy.deepcopy(tree)
+    target = list(ast.walk(tree))[index]
+    parent, fname, i = _parents(tree)[id(target)]
+    if i is None:
+        setattr(parent, fname, copy.deepcopy(new))
+    else:
+        getattr(parent, fname)[i] = copy.deepcopy(new)
+    return tree
+
+
+def _splice(source: str, node: ast.AST, text: str) -> str:
+    """`source` with `node`'s exact text (AST offsets are UTF-8 bytes) replaced by `text`."""
+    lines = source.encode().split(b"\n")
+    start = len(b"\n".join(lines[:node.lineno - 1])) + (1 if node.lineno > 1 else 0) + node.col_offset
+    end = len(b"\n".join(lines[:node.end_lineno - 1])) + (1 if node.end_lineno > 1 else 0) + node.end_col_offset
+    data = source.encode()
+    return (data[:start] + text.encode() + data[end:]).decode()
+
+
+def _function_of(tree: ast.AST, line: int) -> str:
+    best = ""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and node.lineno <= line <= node.end_lineno:
+            for sub in node.body:
+                if isinstance(sub, ast.FunctionDef) and sub.lineno <= line <= sub.end_lineno:
+                    return f"{node.name}.{sub.name}"
+        if isinstance(node, ast.FunctionDef) and node.lineno <= line <= node.end_lineno:
+            best = node.name
+    return best
+
+
+def _locals(tree: ast.AST, line: int) -> set[str]:
+    """Names assigned (not parameters) in the function around `line`."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and node.lineno <= line <= node.end_lineno \
+                and not any(isinstance(s, ast.FunctionDef) and s.lineno <= line <= s.end_lineno for s in node.body):
+            names = set()
+            for sub in ast.walk(node):
+                if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store):
+                    names.add(sub.id)
+            return names
+    return set()
+
+
+def _contexts(tree: ast.AST) -> dict:
+    """Which int constants are indices/ranges/offsets, which floats are fill values."""
+    index_ints, fill_args = set(), set()
+    dim_args = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            for kw in node.keywords:
+                if kw.arg in DIM_KEYWORDS or kw.arg == "diagonal":
+                    dim_args.update(id(n) for n in ast.walk(kw.value))
+            for i in _dim_positions(node):
+                dim_args.update(id(n) for n in ast.walk(node.args[i]))
+            if _name(node.func) in FILL_FUNCS:
+                for arg in node.args:
+                    if _zero(arg) or _neg_inf_like(arg):
+                        fill_args.update(id(n) for n in ast.walk(arg))
+    def literal(sub):
+        if _int(sub) is not None and not (isinstance(sub, ast.Constant) and id(sub) in negated):
+            index_ints.add(id(sub))
+
+    negated = {id(n.operand) for n in ast.walk(tree) if isinstance(n, ast.UnaryOp) and _int(n) is not None}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Subscript):
+            for sub in ast.walk(node.slice):
+                literal(sub)
+        elif isinstance(node, ast.Call) and _name(node.func) in ("range", "arange"):
+            for arg in node.args:
+                literal(arg)
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub)):
+            literal(node.left)
+            literal(node.right)
+    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} | \
+        {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    return {"index_ints": index_ints - dim_args, "fill_args": fill_args, "names": names}
+
+
+def _lines(text: str, first: int, last: int) -> str:
+    return "\n".join(text.splitlines()[first - 1:last])
+
+
+def cell_mutants(cell_id: str, source: str, operators=OPERATORS) -> list[Mutant]:
+    """Every mutant of the solution regions of one cell, in source order, deduplicated."""
+    tree = ast.parse(source)
+    regions = _regions(source)
+    ctx = _contexts(tree)
+    nodes = list(ast.walk(tree))
+    # An error message is not an answer: nothing in a `raise` or an f-string is mutated.
+    messages = {id(sub) for node in nodes if isinstance(node, (ast.Raise, ast.JoinedStr)) for sub in ast.walk(node)}
+    out, seen, ids = [], {ast.dump(tree)}, {}
+    for index, node in enumerate(nodes):
+        if not hasattr(node, "lineno") or not any(a <= node.lineno and node.end_lineno <= b for a, b in regions) \
+                or id(node) in messages:
+            continue
+        ctx["locals"] = _locals(tree, node.lineno)
+        for op in operators:
+            for new in OPERATOR_FUNCS[op](node, ctx):
+                mutant = _make(cell_id, op, source, tree, index, node, new)
+                if mutant is None:
+                    continue
+                dump = ast.dump(ast.parse(mutant.source))
+                if dump in seen:
+                    continue
+                seen.add(dump)
+                base = f"{mutant.function}|{mutant.before.strip()}|{mutant.after.strip()}"
+                n = ids.get(base, 0)
+                ids[base] = n + 1
+                digest = hashlib.sha1(f"{base}|{n}".encode()).hexdigest()[:8]
+                mutant.id = f"{cell_id}-{op}-{digest}"
+                out.append(mutant)
+    return out
+
+
+def _make(cell_id, op, source, tree, index, node, new) -> Mutant | None:
+    old_text, new_text = ast.unparse(node), ast.unparse(new)
+    if old_text == new_text:
+        return None
+    expected = ast.dump(_replace_in_tree(tree, index, new))
+    # Bare first; parenthesised where the node sits inside a tighter operator (the tree check tells).
+    candidates = [new_text, f"({new_text})"] if isinstance(new, ast.expr) else [new_text]
+    for text in candidates:
+        mutated = _splice(source, node, text)
+        try:
+            if ast.dump(ast.parse(mutated)) != expected:
+                continue
+            compile(mutated, "<mutant>", "exec")
+        except SyntaxError:
+            continue
+        first, last = node.lineno, node.end_lineno
+        new_last = last + mutated.count("\n") - source.count("\n")
+        return Mutant(id="", cell=cell_id, operator=op, function=_function_of(tree, node.lineno), line=first,
+                      before=_lines(source, first, last), after=_lines(mutated, first, new_last), source=mutated)
+    return None
+
+
+# --- an exercise's mutants, notebooks and equivalent marks ----------------------------------------
+
+def solution_cells(assignment: Assignment):
+    """(grade_id, source) of the master's solution cells, in order."""
+    from .generate import read_master
+
+    nb = read_master(assignment)
+    return [(c.metadata["nbgrader"]["grade_id"], c.source) for c in nb.cells
+            if c.cell_type == "code" and c.metadata.get("nbgrader", {}).get("solution")]
+
+
+def mutants_of(assignment: Assignment, operators=OPERATORS) -> list[Mutant]:
+    out = []
+    for cell_id, source in solution_cells(assignment):
+        out += cell_mutants(cell_id, source, operators)
+    return out
+
+
+def mutant_notebook(assignment: Assignment, mutant: Mutant):
+    """The reference notebook (every answer filled in), the mutant's one cell changed."""
+    from .generate import read_master
+
+    nb = read_master(assignment)
+    nb.metadata["course"] = {"assignment": assignment.key}
+    hits = [c for c in nb.cells
+            if c.cell_type == "code" and c.metadata.get("nbgrader", {}).get("grade_id") == mutant.cell]
+    assert len(hits) == 1, mutant.cell
+    hits[0].source = mutant.source
+    return nb
+
+
+def equivalent_file(assignment: Assignment) -> Path:
+    return assignment.master.with_name(f"{assignment.key}.equivalent.toml")
+
+
+def read_marks(assignment: Assignment) -> tuple[dict[str, str], dict[str, str]]:
+    """(id -> reason of the mutants marked equivalent, id -> note of the survivors kept as known gaps).
+
+    A known gap (``gap = "..."``) is a real survivor waiting for a hidden check: it still counts
+    against the score; it is only left out of the CI sample. ValueError unless every entry has
+    exactly one of `reason` and `gap`, on one line."""
+    path = equivalent_file(assignment)
+    if not path.exists():
+        return {}, {}
+    data = tomllib.loads(path.read_text(encoding="utf-8"))
+    marks: dict[str, dict[str, str]] = {"reason": {}, "gap": {}}
+    for mid, entry in data.items():
+        fields = [f for f in ("reason", "gap") if isinstance(entry, dict) and f in entry]
+        text = entry.get(fields[0]) if len(fields) == 1 else None
+        if not isinstance(text, str) or not text.strip() or "\n" in text.strip() or len(entry) != 1:
+            raise ValueError(f"{path.name}: [{mid}] needs reason = \"...\" (equivalent) or gap = \"...\" "
+                             "(a known gap), one of them, on one line")
+        marks[fields[0]][mid] = text.strip()
+    return marks["reason"], marks["gap"]
+
+
+def read_equivalent(assignment: Assignment) -> dict[str, str]:
+    """id -> reason of the mutants an author marked equivalent."""
+    return read_marks(assignment)[0]
+
+
+def sample(mutants: list[Mutant], n: int, exclude=()) -> list[Mutant]:
+    """A fixed sample of `n` mutants, chosen by the hash of their ids (not by their order)."""
+    pool = [m for m in mutants if m.id not in exclude]
+    pool.sort(key=lambda m: hashlib.sha1(m.id.encode()).hexdigest())
+    return sorted(pool[:n], key=lambda m: mutants.index(m))
+
+
+# --- grading ------------------------------------------------------------------------------------------
+
+def _write_notebooks(assignment, mutants, folder: Path) -> dict[str, Mutant]:
+    import nbformat
+
+    if folder.exists():
+        shutil.rmtree(folder)  # notebooks of an earlier run would be graded too
+    folder.mkdir(parents=True)
+    by_student = {}
+    for i, m in enumerate(mutants):
+        student = f"m{i:04d}"
+        nbformat.write(mutant_notebook(assignment, m), str(folder / f"{student}.ipynb"))
+        by_student[student] = m
+    return by_student
+
+
+def grade_with_cli(assignment, mutants, work: Path, *, jobs: int | None = None, sandbox: bool = True,
+                   warm: bool = True, seed: int = 1, timeout: float | None = None) -> dict[str, dict]:
+    """mutant id -> its grading record, from one `python -m autograder grade --json` run."""
+    by_student = _write_notebooks(assignment, mutants, work / "submitted")
+    cmd = [sys.executable, "-m", "autograder", "grade", str(work / "submitted"), "--assignment", assignment.key,
+           "--out", str(work / "out"), "--json", "--force", "--seed", str(seed)]
+    if jobs:
+        cmd += ["--jobs", str(jobs)]
+    if warm:
+        cmd.append("--warm")
+    if not sandbox:
+        cmd.append("--no-sandbox")
+    if timeout:
+        cmd += ["--timeout", str(timeout)]
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if proc.returncode not in (0, 3):
+        raise RuntimeError(f"grading failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
+    summary = json.loads(proc.stdout)
+    return {by_student[s["student"]].id: s for s in summary["submissions"]}
+
+
+def grade_in_process(grader, mutants, work: Path, *, seed: int = 1) -> dict[str, dict]:
+    """mutant id -> its grading record, graded one after the other by a `Grader` of this process
+    (a test can hand one whose hidden checks it has changed)."""
+    by_student = _write_notebooks(grader.assignment, mutants, work / "submitted")
+    return {m.id: grader.grade(work / "submitted" / f"{s}.ipynb", student=s, seed=seed).to_dict()
+            for s, m in by_student.items()}
+
+
+KILLED, SURVIVED, EQUIVALENT = "killed", "survived", "equivalent"
+GRADER_ERROR, NOT_GRADED = "grader_error", "not_graded"
+
+
+def outcome(record: dict) -> tuple[str, list[str], list[str]]:
+    """(killed/survived/grader_error/not_graded, parts that lost points, hints) of one grading record."""
+    if record["status"] == "grader_error":
+        return GRADER_ERROR, [], [record.get("error", "")]
+    if record["status"] != "graded":
+        return NOT_GRADED, [], [record.get("error", "")]
+    lost = [p for p, v in record["parts"].items() if v["score"] < v["max_score"]]
+    hints = []
+    for c in record["checks"]:
+        if not c["passed"] and c["hint"] not in hints:
+            hints.append(c["hint"])
+    return (KILLED if record["score"] < record["max_score"] else SURVIVED), lost, hints
+
+
+def report(key: str, mutants: list[Mutant], records: dict[str, dict], equivalent: dict[str, str],
+           seconds: float = 0.0, all_ids: set | None = None, gaps: dict | None = None) -> dict:
+    """The JSON report: every mutant's outcome, the score and the stale marks."""
+    rows = []
+    for m in mutants:
+        row = {k: v for k, v in asdict(m).items() if k != "source"}
+        if m.id in records:
+            status, lost, hints = outcome(records[m.id])
+            row.update(score=records[m.id].get("score"), max_score=records[m.id].get("max_score"))
+        else:
+            status, lost, hints = "not_run", [], []
+        if m.id in equivalent and status != KILLED:
+            row["reason"] = equivalent[m.id]
+            status = EQUIVALENT
+        if m.id in (gaps or {}):
+            row["gap"] = gaps[m.id]
+        row.update(status=status, lost_parts=lost, hints=hints)
+        rows.append(row)
+    count = {s: sum(r["status"] == s for r in rows) for s in (KILLED, SURVIVED, EQUIVALENT, GRADER_ERROR, NOT_GRADED)}
+    counted = len(rows) - count[EQUIVALENT]
+    ids = all_ids if all_ids is not None else {m.id for m in mutants}
+    return {"assignment": key, "mutants": len(rows), **count,
+            "score": round(count[KILLED] / counted, 4) if counted else 1.0,
+            "marked_killed": [r["id"] for r in rows if r["id"] in equivalent and r["status"] == KILLED],
+            "gap_killed": [r["id"] for r in rows if "gap" in r and r["status"] == KILLED],
+            "stale_marks": sorted((set(equivalent) | set(gaps or {})) - ids), "seconds": round(seconds, 1),
+            "results": rows}
+
+
+def format_report(rep: dict) -> str:
+    out = [f"{rep['assignment']}: {rep['mutants']} mutants, {rep['killed']} killed, {rep['survived']} survived, "
+           f"{rep['equivalent']} marked equivalent, {rep['grader_error']} grader errors"
+           + (f", {rep['not_graded']} not graded" if rep["not_graded"] else "")
+           + f"; score {100 * rep['score']:.1f} % (killed / (all - equivalent)); {rep['seconds']:.0f} s"]
+    groups = [(SURVIVED, "survivors (mark equivalent with a reason, or add a hidden check that kills them)"),
+              (GRADER_ERROR, "grader errors (a hidden check crashed: fix the check)"),
+              (NOT_GRADED, "not graded"), (EQUIVALENT, "marked equivalent"), (KILLED, "killed")]
+    for status, title in groups:
+        rows = [r for r in rep["results"] if r["status"] == status]
+        if not rows:
+            continue
+        out.append(f"\n{title}:")
+        for r in rows:
+            out.append(f"  [{r['id']}] {r['function']}, line {r['line']} of cell {r['cell']}")
+            if status == KILLED:
+                hint = (r["hints"] or [""])[0]
+                out.append(f"      lost: {', '.join(r['lost_parts'])}; hint: {hint[:140]}")
+                continue
+            out.append("      - " + r["before"].strip().replace("\n", "\n        "))
+            out.append("      + " + r["after"].strip().replace("\n", "\n        "))
+            if status == EQUIVALENT:
+                out.append(f"      reason: {r['reason']}")
+            elif "gap" in r:
+                out.append(f"      known gap: {r['gap']}")
+            elif status in (GRADER_ERROR, NOT_GRADED):
+                out.append(f"      {(r['hints'] or [''])[0][:200]}")
+    if rep["marked_killed"]:
+        out.append("\nmarked equivalent but killed (remove the mark): " + ", ".join(rep["marked_killed"]))
+    if rep.get("gap_killed"):
+        out.append("\nknown gaps now killed (remove the gap mark): " + ", ".join(rep["gap_killed"]))
+    if rep["stale_marks"]:
+        out.append("\nstale marks (no such mutant any more; remove them): " + ", ".join(rep["stale_marks"]))
+    return "\n".join(out) + "\n"
+
+
+def run(key: str, *, jobs: int | None = None, sample_size: int | None = None, sandbox: bool = True,
+        warm: bool = True, seed: int = 1, timeout: float | None = None, work: Path | None = None) -> dict:
+    assignment = get_assignment(key)
+    equivalent, gaps = read_marks(assignment)
+    every = mutants_of(assignment)
+    chosen = sample(every, sample_size, exclude=set(equivalent) | set(gaps)) if sample_size else every
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix=f"mutants-{key}-") as tmp:
+        records = grade_with_cli(assignment, chosen, Path(work or tmp), jobs=jobs, sandbox=sandbox, warm=warm,
+                                 seed=seed, timeout=timeout) if chosen else {}
+    return report(key, chosen, records, equivalent, time.monotonic() - start, all_ids={m.id for m in every},
+                  gaps=gaps)
+
+
+def mutants_command(args) -> int:
+    try:
+        get_assignment(args.assignment)
+    except KeyError as exc:
+        print(f"error: {exc.args[0]}", file=sys.stderr)
+        return 2
+    if args.list:
+        for m in mutants_of(get_assignment(args.assignment)):
+            print(f"{m.id}  {m.function}:{m.line}\n    - {m.before.strip()}\n    + {m.after.strip()}")
+        return 0
+    out = Path(args.out) if args.out else None
+    work = out / f"{args.assignment}-grading" if out else None
+    rep = run(args.assignment, jobs=args.jobs, sample_size=args.sample, sandbox=not args.no_sandbox,
+              warm=not args.no_warm, seed=args.seed, timeout=args.timeout, work=work)
+    text = format_report(rep)
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"{args.assignment}.txt").write_text(text, encoding="utf-8")
+        (out / f"{args.assignment}.json").write_text(json.dumps(rep, indent=1), encoding="utf-8")
+    print(json.dumps(rep, indent=1) if args.json else text, end="" if not args.json else "\n")
+    if args.fail_under is not None and 100 * rep["score"] < args.fail_under:
+        return 1
+    return 0
