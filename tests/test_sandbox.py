@@ -579,11 +579,12 @@ def test_a_tmpfs_hog_beyond_the_limit_is_oom_killed_in_its_cgroup():
 
 
 def test_memory_of_several_processes_is_capped_together():
-    """RLIMIT_AS is per process: four children of 160 MiB each stay under it, but not under the
-    worker's cgroup limit of 320 MiB; the kernel kills inside the worker only."""
+    """RLIMIT_AS is per process: four children of 240 MiB each stay under it, but not under the
+    worker's cgroup limit of 768 MiB (a fresh worker holds about 300 MiB of PyTorch before the
+    load); the kernel kills inside the worker only."""
     probe_sb = Sandbox()
     _needs_cgroup(probe_sb)
-    sb = _small(320 * 2**20, 64 * 2**20)
+    sb = _small(768 * 2**20, 64 * 2**20)
     seen = _recording(sb)
     src = r'''
 import os, time
@@ -592,7 +593,7 @@ def hog():
     for _ in range(4):
         pid = os.fork()
         if pid == 0:
-            b = bytearray(160 * 2**20)
+            b = bytearray(240 * 2**20)
             time.sleep(3)
             os._exit(0)
         pids.append(pid)
