@@ -1,3 +1,22 @@
-from .cli import main
+"""``python -m autograder``: see `autograder.cli`."""
 
-raise SystemExit(main())
+import atexit
+import os
+import sys
+
+from .cli import _cmd_check, build_parser
+
+args = build_parser().parse_args()
+code = args.func(args)
+if args.func is _cmd_check:
+    # The check has printed its report and ended its worker. What is left is the interpreter's
+    # teardown of PyTorch, the checks and the reference (0.3 to 0.5 s, a fifth of a learner's
+    # wait): the exit handlers run (the sandbox's cgroup clean-up), then the process ends.
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+raise SystemExit(code)

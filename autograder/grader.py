@@ -163,14 +163,6 @@ def part_points(cells: dict[str, dict]) -> dict[str, float]:
     return out
 
 
-def warm_up() -> None:
-    """PyTorch's one-time lazy set-up that hidden checks would otherwise pay inside a check:
-    autograd with given output gradients imports the symbolic-shape machinery (about 0.3 s).
-    Run while the worker loads the learner's code, it costs the learner no wait."""
-    x = torch.ones(2, requires_grad=True)
-    torch.autograd.grad(x * x, x, torch.ones(2))
-
-
 def available_devices() -> list[str]:
     return ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
@@ -273,7 +265,6 @@ class Grader:
                                  python=self.python, notebook=path, template=self.template)
             else:
                 sub.configure(code_cells(nb), limits=self.limits, seed=result.seed)
-            sub.while_loading = warm_up
             self._run_checks(sub, result)
             result.notes += [f"{e['cell']}, line {e['line']}: {e['error']}" for e in sub.load_errors]
             result.notes += sub.load_notes

@@ -57,6 +57,7 @@ TAG_HANDLE = "__handle__"      # {"id", "type"}: an object that stays in the wor
 DTYPES = ("bool", "uint8", "int8", "int16", "int32", "int64",
           "float16", "float32", "float64", "complex64", "complex128")
 TENSOR_DTYPES = DTYPES + ("bfloat16",)  # bfloat16 travels as float32 bytes
+_DTYPE_NAMES = {np.dtype(n): n for n in DTYPES}  # native byte order only; NumPy's dtype.name is slow
 DEVICE_RE = re.compile(r"^(cpu|meta|cuda(:\d{1,2})?|mps(:0)?)$")
 
 
@@ -96,9 +97,10 @@ def _is_tensor(x) -> bool:
 
 def array_payload(arr: np.ndarray) -> dict:
     arr = np.ascontiguousarray(arr)
-    if arr.dtype.name not in DTYPES:
+    name = _DTYPE_NAMES.get(arr.dtype)
+    if name is None:
         raise CodecError(f"arrays of dtype {arr.dtype} cannot cross")
-    return {"dtype": arr.dtype.name, "shape": [int(n) for n in arr.shape],
+    return {"dtype": name, "shape": [int(n) for n in arr.shape],
             "data": base64.b64encode(arr.tobytes()).decode("ascii")}
 
 

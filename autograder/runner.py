@@ -148,7 +148,6 @@ class Submission:
         self.generation = 0
         self._loaded = 0  # the generation whose worker has the learner's code loaded
         # trusted work (lazy imports of the checks' own) done once while the worker loads the code
-        self.while_loading = None
         self.load_errors: list[dict] = []
         self.load_notes: list[str] = []
         self.load_dropped = 0  # load errors and notes not kept
@@ -301,7 +300,7 @@ class Submission:
             self.deadline = time.monotonic() + self.limits.submission_seconds
         try:
             result = self._request({"op": P.OP_LOAD, "cells": self.cells, "seed": self.seed},
-                                   name="", timeout=self.limits.load_seconds, sent=self._loading())
+                                   name="", timeout=self.limits.load_seconds)
         except GradingError as exc:
             if isinstance(exc, CallTimeout):
                 exc = CallTimeout("", exc.seconds)
@@ -314,13 +313,6 @@ class Submission:
         self._loaded = self.generation
         if self.generation == 1:
             self.load_errors, self.load_notes = self._load_report(result)
-
-    def _loading(self):
-        """`while_loading`, to run once, after the first load request is written."""
-        if self.generation != 1 or self.while_loading is None:
-            return None
-        work, self.while_loading = self.while_loading, None
-        return work
 
     def _load_report(self, value) -> tuple[list[dict], list[str]]:
         """The load reply's errors and notes, checked and cut to the limits; `load_dropped` counts the rest."""
@@ -435,9 +427,8 @@ class Submission:
         return stop
 
     # requests --------------------------------------------------------------------------
-    def _request(self, req: dict, *, name: str, timeout: float | None = None, sent=None):
-        """Write `req`, then (after calling `sent`, trusted work to do while the worker runs) read the
-        reply, all within the call's limit."""
+    def _request(self, req: dict, *, name: str, timeout: float | None = None):
+        """Write `req`, then read the reply, all within the call's limit."""
         req_id = self._next_id
         self._next_id += 1
         data = P.frame(dict(req, id=req_id))
@@ -467,8 +458,6 @@ class Submission:
             except OSError:
                 self._kill()
                 raise WorkerDied(name)
-        if sent is not None:
-            sent()
         cap = self.limits.reply_bytes
         while True:
             nl = self._buf.find(b"\n")

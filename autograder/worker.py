@@ -10,7 +10,7 @@ assignments (expressions such as plots and prints, loops, `with` blocks and asse
 skipped), so a notebook built to be slow to parse costs only its own time limit.
 
 A fresh worker imports NumPy and PyTorch (and runs the one-time set-up of autograd and the
-meta device that the checks need) before it reads the first request, so that this start-up
+device check that the checks need) before it reads the first request, so that this start-up
 overlaps the trusted side's own, and so that it does not count against the loading of the
 learner's code. No learner code runs before the load request.
 
@@ -77,28 +77,97 @@ def statements(cells: list) -> tuple[list[dict], list[str]]:
 
 
 def _device_check_mode():
-    """A dispatch mode that fails every operation mixing a meta tensor with a CPU tensor of
-    one or more dimensions, as CUDA does with CPU tensors (0-dim CPU tensors mix, as on CUDA;
-    device copies and index tensors are allowed). The meta device's own kernels miss some
-    of these (a matmul, a gather), so the grader checks them here."""
+    """A dispatch mode that stands in for a GPU on a CPU-only grader, through the meta device.
+
+    Every operation that mixes a meta tensor with a CPU tensor of one or more dimensions
+    fails, as CUDA does with CPU tensors (0-dim CPU tensors mix, as on CUDA; device copies and
+    index tensors are allowed): the meta device's own kernels miss some of these (a matmul, a
+    gather), so the mode checks every operation itself.
+
+    The operations themselves do not run on the meta device's kernels: many of those are
+    written in Python and their first call imports PyTorch's compiler (about 0.7 s, more than
+    most checks take). Views (in place too), device copies and detaches run on the meta tensors;
+    every other operation on meta tensors runs on CPU stand-ins of the same shape, strides and
+    dtype (ones for floating point, zeros otherwise), and its results come back as meta
+    tensors, or as the caller's own tensors where the operation writes in place. What depends
+    on the values (.item(), `if mask.any():`, a boolean mask's selection) raises
+    NotImplementedError, as the meta device cannot run it either: such code gets no verdict."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_leaves
+    from torch.utils._pytree import tree_leaves, tree_map
 
     aten = torch.ops.aten
     allowed = {aten._to_copy, aten.copy_, aten.index, aten.index_put, aten.index_put_, aten._index_put_impl_,
                aten.lift_fresh, aten.lift_fresh_copy, aten.detach, aten.alias}
+    direct = {aten._to_copy, aten.copy_, aten.detach, aten.alias, aten.lift_fresh, aten.lift_fresh_copy,
+              aten.resize_}  # metadata and device copies: the meta device's own kernels are C++
+    data_dependent = {aten._local_scalar_dense, aten.nonzero, aten.masked_select, aten.equal, aten.is_nonzero,
+                      aten._unique, aten._unique2, aten.unique_dim, aten.unique_consecutive, aten.bincount,
+                      aten.argwhere, aten.nonzero_numpy}
+    by_mask = {aten.index, aten.index_put, aten.index_put_, aten._index_put_impl_}
+
+    def on_meta(a) -> bool:
+        return isinstance(a, torch.Tensor) and a.device.type == "meta"
+
+    def stand_in(a):
+        if isinstance(a, torch.device) and a.type == "meta":
+            return torch.device("cpu")
+        if not on_meta(a):
+            return a
+        size, stride, offset = a.size(), a.stride(), a.storage_offset()
+        n = 0 if 0 in size else 1 + sum((s - 1) * st for s, st in zip(size, stride))
+        fill = 1 if (a.is_floating_point() or a.is_complex()) else 0
+        return torch.full((offset + n,), fill, dtype=a.dtype).as_strided(size, stride, offset)
+
+    def as_meta(o):
+        if isinstance(o, torch.Tensor):
+            return torch.empty_strided(o.size(), o.stride(), dtype=o.dtype, device="meta")
+        return o
+
+    def written(func, args, kwargs, i):
+        """The caller's argument that return `i` of `func` writes in place (x.add_(y), out=), or None."""
+        schema = func._schema
+        ret = schema.returns[i].alias_info if i < len(schema.returns) else None
+        if ret is None or not ret.is_write:
+            return None
+        given = dict(zip([a.name for a in schema.arguments], args))
+        given.update(kwargs)
+        for a in schema.arguments:
+            if a.alias_info is not None and a.alias_info.is_write and set(a.alias_info.before_set) & set(
+                    ret.before_set):
+                return given.get(a.name)
+        return None
 
     class DeviceCheck(TorchDispatchMode):
+        @classmethod
+        def _should_skip_dynamo(cls):
+            # PyTorch wraps a mode's __torch_dispatch__ so that its compiler skips it, which
+            # imports the compiler on the first call; nothing here is ever compiled
+            return False
+
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
-            if func.overloadpacket not in allowed:
-                tensors = [a for a in tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
-                if any(t.device.type == "meta" for t in tensors) and any(
-                        t.device.type == "cpu" and t.dim() > 0 for t in tensors):
-                    raise RuntimeError("Expected all tensors to be on the same device, but found at least two "
-                                       f"devices, meta and cpu! (in {func.overloadpacket.__name__})")
-            return func(*args, **kwargs)
+            packet = func.overloadpacket
+            tensors = [a for a in tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
+            meta = any(t.device.type == "meta" for t in tensors)
+            if meta and packet not in allowed and any(t.device.type == "cpu" and t.dim() > 0 for t in tensors):
+                raise RuntimeError("Expected all tensors to be on the same device, but found at least two "
+                                   f"devices, meta and cpu! (in {packet.__name__})")
+            to_meta = meta or any(isinstance(v, torch.device) and v.type == "meta" for v in kwargs.values())
+            if not to_meta or packet in direct or func.is_view or torch.Tag.inplace_view in func.tags:
+                return func(*args, **kwargs)
+            if packet in data_dependent or (packet in by_mask and any(
+                    on_meta(i) and i.dtype in (torch.bool, torch.uint8) for i in tree_leaves(args[1:2]))) or (
+                    packet is aten.repeat_interleave and any(on_meta(a) for a in args[1:2])):
+                raise NotImplementedError(f"{packet.__name__} depends on the values of a tensor on the meta "
+                                          "device, which has none")
+            out = func(*tree_map(stand_in, args), **tree_map(stand_in, kwargs))
+            outs = out if isinstance(out, tuple) else (out,)
+            back = []
+            for i, o in enumerate(outs):
+                mine = written(func, args, kwargs, i)
+                back.append(mine if mine is not None else tree_map(as_meta, o))
+            return tuple(back) if isinstance(out, tuple) else back[0]
 
     return DeviceCheck
 
@@ -211,7 +280,8 @@ class Worker:
         kwargs = self.decode({P.TAG_DICT: req["kwargs"]})
         try:
             if req.get("device_check"):
-                with _device_check_mode()():
+                # the CPU stand-ins of random operations draw numbers, which meta tensors do not
+                with sys.modules["torch"].random.fork_rng(devices=[]), _device_check_mode()():
                     result = fn(*args, **kwargs)
             else:
                 result = fn(*args, **kwargs)
@@ -251,7 +321,14 @@ class Worker:
             pairs = [(o, g) for o, g in zip(outs, cotangents) if g is not None]
             if not pairs or not all(isinstance(o, torch.Tensor) and o.requires_grad for o, _ in pairs):
                 raise _Reply(P.KIND_LEARNER, "RuntimeError", "the output does not depend differentiably on the inputs")
-            torch.autograd.backward([o for o, _ in pairs], [g.to(o.device, o.dtype) for o, g in pairs])
+            for o, g in pairs:
+                if o.shape != g.shape:
+                    raise RuntimeError(f"Mismatch in shape: grad_output has a shape of {tuple(g.shape)} and "
+                                       f"output has a shape of {tuple(o.shape)}")
+            # The gradients of sum(o * g) are exactly those of backward(o, g) (the product's own
+            # gradient is g * 1), without the symbolic-shape machinery that given output
+            # gradients import on their first use (0.3 s).
+            sum((o * g.to(o.device, o.dtype)).sum() for o, g in pairs).backward()
         except _Reply:
             raise
         except BaseException as exc:
@@ -282,26 +359,17 @@ def _error(req_id, kind, etype, message) -> dict:
 
 def preload() -> None:
     """Import NumPy and PyTorch and run, once, the lazy set-up that the first checks would
-    otherwise pay for: autograd with given output gradients and operations on the meta device
-    under the device check (they import PyTorch's symbolic shapes and compiler, about 1 s)."""
+    otherwise pay for: a backward pass and an operation under the device check."""
     import numpy as np  # noqa: F401
     import torch
 
     Worker.warm = True
     torch.set_num_threads(1)
     x = torch.ones(2, 2, requires_grad=True)
-    torch.autograd.grad(x @ x, x, torch.ones(2, 2))
+    (x @ x).sum().backward()
     m = torch.ones(2, 2, device="meta")
-    with _device_check_mode()():
-        torch.softmax(m @ m / 2, -1)  # meta kernels written in Python import PyTorch's compiler (0.7 s)
-    # That import makes an empty cache folder in /tmp; the learner's code finds /tmp as it would
-    # without the preload (and as a warm worker does: its template's /tmp is wiped before a fork).
-    cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    if cache:
-        try:
-            os.rmdir(cache)
-        except OSError:
-            pass  # not empty, or not there: left as it is
+    with torch.random.fork_rng(devices=[]), _device_check_mode()():
+        torch.softmax(m @ m / 2, -1)
 
 
 def main(argv: list[str]) -> int:

@@ -8,7 +8,8 @@ else. This module gives them:
   becomes a hint, never a crash in our code);
 * comparing with dtype- and device-aware tolerances: `tolerances`, `close`;
 * explaining a wrong result by the typical mistake it matches: `diagnose`, `expect_close`;
-* gradients: `learner_grads`, `reference_grads`, `expect_grads`;
+* gradients: `learner_grads`, `reference_grads`, `expect_grads`, and `vjp` (torch.autograd.grad
+  with output gradients, without its first-use cost);
 * modules that hold the reference's weights: `learner_module`;
 * masks, including fully masked rows: `random_mask`;
 * devices: `devices` (every available one), `expect_device_agnostic` (code that would
@@ -187,6 +188,23 @@ def learner_grads(learner, target, *args, cotangents, what: str = "", params: bo
         raise
 
 
+def vjp(outputs, inputs, cotangents, *, allow_unused: bool = False) -> tuple:
+    """`torch.autograd.grad(outputs, inputs, cotangents)`, computed as the gradients of
+    sum(o * g): the same numbers to the last bit (the product's own gradient is g * 1), without
+    the symbolic-shape machinery that given output gradients import on their first use (0.3 s
+    of a learner's check). The worker computes the learner's gradients the same way."""
+    outputs = tuple(outputs) if isinstance(outputs, (tuple, list)) else (outputs,)
+    cotangents = tuple(cotangents) if isinstance(cotangents, (tuple, list)) else (cotangents,)
+    if len(outputs) != len(cotangents):
+        raise ValueError(f"{len(outputs)} outputs but {len(cotangents)} cotangents")
+    total = 0
+    for o, g in zip(outputs, cotangents):
+        if o.shape != g.shape:
+            raise ValueError(f"cotangent of shape {tuple(g.shape)} for an output of shape {tuple(o.shape)}")
+        total = total + (o * g.to(o.device, o.dtype)).sum()
+    return torch.autograd.grad(total, inputs, allow_unused=allow_unused)
+
+
 def reference_grads(fn, args, cotangents, **kwargs) -> list:
     """Gradients of sum(out_i * g_i) with respect to each floating tensor in `args` (None for the others)."""
     args = [a.detach().clone().requires_grad_(True) if isinstance(a, torch.Tensor) and a.is_floating_point()
@@ -195,7 +213,7 @@ def reference_grads(fn, args, cotangents, **kwargs) -> list:
     outs = out if isinstance(out, (tuple, list)) else (out,)
     pairs = [(o, g) for o, g in zip(outs, cotangents) if g is not None]
     leaves = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
-    grads = torch.autograd.grad([o for o, _ in pairs], leaves, [g for _, g in pairs], allow_unused=True)
+    grads = vjp([o for o, _ in pairs], leaves, [g for _, g in pairs], allow_unused=True)
     it = iter(grads)
     return [next(it) if isinstance(a, torch.Tensor) and a.requires_grad else None for a in args]
 

@@ -26,7 +26,7 @@ import torch
 from autograder.hidden.support import (DEVICE_ERRORS, FIXED_DEVICE_HINT, HALF, Hint, close, diagnose, expect,
                                        expect_accepts_cpu_tail, expect_close, expect_device_agnostic, expect_grads,
                                        learner_grads, learner_module, pair, points, random_mask, reference_grads,
-                                       tensor)
+                                       tensor, vjp)
 from autograder.runner import LearnerError, MissingName, NotImplementedRemote
 
 F32, F64 = torch.float32, torch.float64
@@ -664,7 +664,7 @@ class _Case:
         """The reference step's gradients: parameter name (or "hidden", "enc") -> gradient."""
         hr, er = h.detach().clone().requires_grad_(True), enc.detach().clone().requires_grad_(True)
         params = dict(self.ref.named_parameters())
-        grads = torch.autograd.grad(self.ref(y, hr, er, mask), [*params.values(), hr, er], cot)
+        grads = vjp(self.ref(y, hr, er, mask), [*params.values(), hr, er], cot)
         return dict(zip([*params, "hidden", "enc"], grads))
 
     def own_grads(self, y, h, enc, mask, cot):
@@ -681,7 +681,7 @@ class _Case:
         layers = {n: p for n, p in m.named_parameters() if n != "W_a.weight"}
         s = m.rnn(torch.cat([m.embedding(y), c], -1), hr)
         logits = m.out(torch.cat([s, c], -1))
-        g_c, g_h, *g_layers = torch.autograd.grad([logits, s], [c, hr, *layers.values()], cot[:2])
+        g_c, g_h, *g_layers = vjp([logits, s], [c, hr, *layers.values()], cot[:2])
         res = _quietly(self.learner.with_grad, "attention_context", scores, enc, mask, cotangents=(g_c, cot[2]))
         g_s, g_enc = _arg_grads(res, 2) if res is not None else (None, None)
         if not (_usable(g_s, (B, T)) and _usable(g_enc, (B, T, H))):

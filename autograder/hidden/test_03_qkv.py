@@ -468,7 +468,7 @@ def test_causal_mask_device(learner, reference, devices):
         expect(torch.equal(m.cpu(), reference.causal_mask(5)), "`causal_mask` marks the wrong positions.")
     # The meta device stands for a GPU: the mask must be made there, with nothing from the CPU mixed in.
     try:
-        m = learner.causal_mask(5, device=META)
+        m = learner.device_checked("causal_mask", 5, device=META)
     except NotImplementedRemote:  # it ran above: here it copied data out of the mask (.cpu(), .tolist())
         raise Hint(CAUSAL_DEVICE + " Keep it there: no .cpu(), .tolist() or .numpy().") from None
     except LearnerError:

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from autograder.hidden.support import (HALF, Hint, close, diagnose, expect, expect_device_agnostic, expect_grads,
-                                       learner_grads, learner_module, pair, points, random_mask, tensor)
+                                       learner_grads, learner_module, pair, points, random_mask, tensor, vjp)
 from autograder.runner import LearnerError, MissingName, NotImplementedRemote, RemoteObject
 
 F32, F64 = torch.float32, torch.float64
@@ -363,7 +363,7 @@ class _Case:
         params = {n: p.detach().clone().requires_grad_(True) for n, p in self.sd.items()}
         ins = [t.detach().clone().requires_grad_(True) for t in (query, key, value)]
         out = _attend(params, *ins, mask, self.H, self.H_kv, pieces)
-        expected = torch.autograd.grad(out, [*ins, *params.values()], cot)
+        expected = vjp(out, [*ins, *params.values()], cot)
         got = list(res.arg_grads[:3]) + [None] * (3 - len(res.arg_grads[:3]))
         got += [res.param_grads.get(n) for n in params]
         names = ["query", "key", "value"] + [f"the parameter {n}" for n in params]

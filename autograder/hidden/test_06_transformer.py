@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from autograder.hidden.support import (DEVICE_ERRORS, FIXED_DEVICE_HINT, Hint, close, diagnose, expect,
                                        expect_device_agnostic, expect_grads, learner_grads, learner_module, points,
-                                       random_mask, tensor)
+                                       random_mask, tensor, vjp)
 from autograder.runner import LearnerError, MissingName, NotImplementedRemote
 
 F32, F64 = torch.float32, torch.float64
@@ -507,7 +507,7 @@ def test_layer_norm_gradients(learner, reference, rng):
     res = learner_grads(learner, h, x, cotangents=(cot,), params=True, what="LayerNorm")
     xs = x.clone().requires_grad_(True)
     w, b = sd["weight"].clone().requires_grad_(True), sd["bias"].clone().requires_grad_(True)
-    expected = torch.autograd.grad(F.layer_norm(xs, (D,), w, b, 1e-5), [xs, w, b], cot)
+    expected = vjp(F.layer_norm(xs, (D,), w, b, 1e-5), [xs, w, b], cot)
     got = [res.arg_grads[0] if res.arg_grads else None, res.param_grads.get("weight"), res.param_grads.get("bias")]
     expect_grads(got, expected, ["the input", "weight", "bias"], hint=LN_GRAD)
 
@@ -646,7 +646,9 @@ def test_encoder_layer_matches_torch(learner, reference, rng):
         x = _randn(rng, 3, 6, D)
         mask, _ = _pad_mask(rng, 3, 6)
         for m in (None, mask):
-            kw = {} if m is None else {"src_key_padding_mask": ~m[:, 0, 0]}
+            # The padding as their src_mask (True = may not attend), one (S, S) per batch row and head: the
+            # same attention as src_key_padding_mask, whose check imports sympy on first use (0.3 s).
+            kw = {} if m is None else {"src_mask": (~m[:, 0]).expand(-1, x.shape[1], -1).repeat_interleave(H, 0)}
             expected = theirs(x, **kw).detach()
             args = (x,) if m is None else (x, m)
             layer.check(*args, expected=expected, mistakes=ENC_MISTAKES,
@@ -1175,9 +1177,14 @@ def _offset_zero(reference, ref, src, max_len, sos, eos, pad):
     return torch.stack(toks, 1)
 
 
-def _finishes_unevenly(out, eos):
+def _eos_steps(out, eos):
+    """The step at which each row first outputs eos (the output's length where it never does)."""
     L = out.shape[1]
-    firsts = [row.index(eos) if eos in row else L for row in out.tolist()]
+    return [row.index(eos) if eos in row else L for row in out.tolist()]
+
+
+def _finishes_unevenly(out, eos):
+    firsts = _eos_steps(out, eos)
     # Rows end at different steps, and one runs at least three: a prefix longer than one token
     # is decoded, where a mask of the wrong shape no longer broadcasts by chance.
     return min(firsts) < max(firsts) and max(firsts) >= 2
@@ -1192,18 +1199,26 @@ def _greedy_model(learner, reference, rng, B, max_len, *, norm_first=False, sos=
     m, own_tries = None, 0
     ref = reference.Transformer(9, 9, 16, 2, 2, 24, 0.0, 64, norm_first).eval()  # new weights each try
     for _ in range(100):
-        bias = float(torch.rand((), generator=rng)) * 3.0
         ref.double()  # (the learner's copy below leaves it in float32)
         sd = _state(rng, ref)
         for n in ("src_embed.weight", "tgt_embed.weight"):
             sd[n] = _r(_randn(rng, 9, 16, scale=0.6 / math.sqrt(16)))
-        sd["out.bias"][eos] = _r(sd["out.bias"][eos] + bias)
-        ref.load_state_dict(sd)
         src = _padded_tokens(rng, B, _randint(rng, 3, 6), pad=pad)
+        # An extra bias on eos decides when rows stop: a random one first, then, for the same weights, a
+        # bisection that lowers it when every row stops within two steps and raises it when they stop together.
+        eos_bias, lo, hi, bias = sd["out.bias"][eos].clone(), -1.0, 4.0, float(torch.rand((), generator=rng)) * 3.0
+        for _ in range(4):
+            sd["out.bias"][eos] = _r(eos_bias + bias)
+            ref.load_state_dict(sd)
+            with torch.no_grad():
+                out = reference.greedy_decode(ref, src, max_len, sos, eos, pad)
+            if B == 1 or _finishes_unevenly(out, eos):
+                break
+            lo, hi = (lo, bias) if max(_eos_steps(out, eos)) < 2 else (bias, hi)
+            bias = (lo + hi) / 2
+        else:
+            continue
         with torch.no_grad():
-            out = reference.greedy_decode(ref, src, max_len, sos, eos, pad)
-            if not (B == 1 or _finishes_unevenly(out, eos)):
-                continue
             # Positions must matter: feeding every token at position 0 changes the output.
             if torch.equal(_offset_zero(reference, ref, src, max_len, sos, eos, pad), out):
                 continue
@@ -1216,6 +1231,7 @@ def _greedy_model(learner, reference, rng, B, max_len, *, norm_first=False, sos=
         except (LearnerError, NotImplementedRemote, Hint):
             break  # the learner's model fails: the checks say which part to fix
         if _finishes_unevenly(own, eos):
+            m.own = (src, max_len, sos, eos, pad, own)  # what _check_greedy expects of this source, done once
             break
     if m is None:
         m = _learner_model(learner, reference, rng, ref, sd, norm_first)
@@ -1237,7 +1253,11 @@ def _check_greedy(learner, m, src, max_len, name, **special):
     sos, eos, pad = special.get("sos", SOS), special.get("eos", EOS), special.get("pad", PAD)
     got = _run(m, f"`{name}`", lambda: getattr(learner, name)(m.mod, src, max_len, **special))
     expect(isinstance(got, torch.Tensor) and got.dtype == torch.long, GR_TYPE.format(name))
-    expected = _greedy_here(m, src, max_len, sos, eos, pad)
+    own = getattr(m, "own", None)
+    if own is not None and own[0] is src and own[1:5] == (max_len, sos, eos, pad):
+        expected = own[5]
+    else:
+        expected = _greedy_here(m, src, max_len, sos, eos, pad)
     if close(got, expected):
         return got
     # The learner's make_src_mask, if it differs from the reference's: greedy decoding that uses it is right.
@@ -1266,7 +1286,8 @@ def _check_greedy(learner, m, src, max_len, name, **special):
 
 def _check_greedy_on_devices(learner, reference, rng, devices, name):
     """The decoder, right on the CPU, run with its model and source on every other device: the same tokens, on
-    that device. Tokens, flags or masks created on the CPU show only there (a meta run cannot pick tokens)."""
+    that device. Tokens, flags or masks created on the CPU fail there at any step; on the meta device
+    (`_greedy_on_meta`), only in the steps before decoding needs values."""
     for device in devices:
         if device == "cpu":
             continue
@@ -1282,6 +1303,15 @@ def _check_greedy_on_devices(learner, reference, rng, devices, name):
         expect(torch.equal(got.cpu(), want), GR_DEVICE.format(name))
 
 
+def _greedy_on_meta(learner, m, src, name):
+    """The decoder run with its model and source on the meta device, a GPU to a CPU-only grader (after the
+    value checks: the model stays there). Tokens, flags or masks it creates on the CPU meet the meta tensors
+    in the first step, before decoding needs values, which the meta device does not have: from there on the
+    run gives no verdict."""
+    m.mod.to("meta")
+    expect_device_agnostic(learner, name, m.mod, src, 4)
+
+
 @points(1.5, part="greedy_decode")
 def test_greedy_decode_matches_reference(learner, reference, rng, devices):
     """Does greedy_decode feed back the argmax at every step, pad after eos and stop when every row is done?"""
@@ -1289,6 +1319,7 @@ def test_greedy_decode_matches_reference(learner, reference, rng, devices):
         m, src = _greedy_model(learner, reference, rng, B, max_len, norm_first=norm_first)
         _check_greedy(learner, m, src, max_len, "greedy_decode")
     _check_greedy_on_devices(learner, reference, rng, devices, "greedy_decode")
+    _greedy_on_meta(learner, m, src, "greedy_decode")
 
 
 @points(2, part="greedy_decode")
@@ -1298,6 +1329,7 @@ def test_greedy_decode_cached_equals_recomputation(learner, reference, rng, devi
         m, src = _greedy_model(learner, reference, rng, B, max_len, norm_first=norm_first)
         _check_greedy(learner, m, src, max_len, "greedy_decode_cached")
     _check_greedy_on_devices(learner, reference, rng, devices, "greedy_decode_cached")
+    _greedy_on_meta(learner, m, src, "greedy_decode_cached")
 
 
 @points(0.5, part="greedy_decode")
