@@ -147,7 +147,6 @@ class Submission:
         self._watch: list[int] = []  # a warm worker's pidfd
         self.generation = 0
         self._loaded = 0  # the generation whose worker has the learner's code loaded
-        # trusted work (lazy imports of the checks' own) done once while the worker loads the code
         self.load_errors: list[dict] = []
         self.load_notes: list[str] = []
         self.load_dropped = 0  # load errors and notes not kept

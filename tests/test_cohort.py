@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 
+import nbformat
 import pytest
 
 from autograder.assignments import ROOT
@@ -44,11 +45,16 @@ def _checks(summary: dict) -> dict:
 
 @pytest.fixture(scope="module")
 def sequential(tmp_path_factory):
-    """Five submissions (two correct, the stub, a typical mistake, a truncated file) graded one by one."""
+    """Six submissions (two correct, one correct but slow to load, the stub, a typical mistake, a truncated
+    file) graded one by one. The slow one gives the Dask test a task that is surely still running a second
+    after it started, now that a submission takes about a second to grade."""
     base = tmp_path_factory.mktemp("cohort")
     subs = base / "subs"
     for name in ("ref_a", "ref_b"):
         write(reference_notebook(KEY), subs / f"{name}.ipynb")
+    slow = reference_notebook(KEY)
+    slow.cells.append(nbformat.v4.new_code_cell("_pause = __import__('time').sleep(4)  # run at load: an assignment"))
+    write(slow, subs / "slow.ipynb")
     write(learner_notebook(KEY), subs / "stub.ipynb")
     write(mistake(KEY, *NO_SCALE)(), subs / "no_scale.ipynb")
     text = (subs / "ref_a.ipynb").read_text()
@@ -58,7 +64,7 @@ def sequential(tmp_path_factory):
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout)
     assert {s["student"]: s["score"] for s in summary["submissions"]} == {
-        "ref_a": 26, "ref_b": 26, "stub": 0, "no_scale": 11, "truncated": 0}
+        "ref_a": 26, "ref_b": 26, "slow": 26, "stub": 0, "no_scale": 11, "truncated": 0}
     return base, subs, summary, _gradebook(base / "seq" / "gradebook.db")
 
 
@@ -70,7 +76,7 @@ def test_two_jobs_give_the_sequential_gradebook(sequential):
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout)
     assert "with 2 jobs" in proc.stderr
-    assert "(5/5 done, 1 failed, ETA 0 s)" in proc.stderr  # the last learner's line: the truncated file failed
+    assert "(6/6 done, 1 failed, ETA 0 s)" in proc.stderr  # the last learner's line: the truncated file failed
     assert _gradebook(out / "gradebook.db") == seq_rows
     assert _checks(summary) == _checks(seq)
     assert (out / f"{KEY}_grades.csv").read_text() == (base / "seq" / f"{KEY}_grades.csv").read_text()
@@ -101,10 +107,12 @@ def test_a_dask_worker_killed_mid_batch_costs_nothing(sequential):
             busy = {w: keys for w, keys in busy.items() if keys and w in pids}
             if busy and any("with Dask scheduler" in ln for ln in lines):
                 time.sleep(1.0)  # well inside the task: its sandboxed worker is running the learner's code
-                worker, keys = sorted(busy.items())[0]
-                if keys[0] in client.processing().get(worker, ()):
-                    os.kill(pids[worker], signal.SIGKILL)
-                    killed = keys[0]
+                now = client.processing()
+                for worker, keys in sorted(busy.items()):
+                    if keys[0] in now.get(worker, ()):  # still at it (the slow submission surely is)
+                        os.kill(pids[worker], signal.SIGKILL)
+                        killed = keys[0]
+                        break
             time.sleep(0.2)
         stdout = proc.stdout.read()  # stderr stays the reader's alone
         proc.wait(timeout=600)
@@ -114,7 +122,7 @@ def test_a_dask_worker_killed_mid_batch_costs_nothing(sequential):
     summary = json.loads(stdout)
     assert _gradebook(out / "gradebook.db") == seq_rows  # each learner once, with the sequential scores
     assert _checks(summary) == _checks(seq)
-    assert sum(ln.startswith(("ref_a:", "ref_b:", "stub:", "no_scale:", "truncated:")) for ln in lines) == 5
+    assert sum(ln.startswith(("ref_a:", "ref_b:", "slow:", "stub:", "no_scale:", "truncated:")) for ln in lines) == 6
 
 
 @pytest.mark.parametrize("uses_cuda, workers, wanted", [
