@@ -1177,6 +1177,24 @@ def _offset_zero(reference, ref, src, max_len, sos, eos, pad):
     return torch.stack(toks, 1)
 
 
+def _goes_on_after_eos(reference, ref, src, max_len, sos, eos, pad):
+    """The reference's greedy decoding with a typical mistake: rows go on after their eos, never padded."""
+    sm = reference.make_src_mask(src, pad)
+    memory = ref.encode(src, sm)
+    ys = torch.full((src.shape[0], 1), sos, dtype=torch.long)
+    finished = torch.zeros(src.shape[0], dtype=torch.bool)
+    toks = []
+    for _ in range(max_len):
+        logits, _ = ref.decode(ys, memory, sm, _causal(ys.shape[1]))
+        y = logits[:, -1].argmax(-1)
+        toks.append(y)
+        finished = finished | (y == eos)
+        if bool(finished.all()):
+            break
+        ys = torch.cat([ys, y[:, None]], 1)
+    return torch.stack(toks, 1)
+
+
 def _eos_steps(out, eos):
     """The step at which each row first outputs eos (the output's length where it never does)."""
     L = out.shape[1]
@@ -1219,8 +1237,10 @@ def _greedy_model(learner, reference, rng, B, max_len, *, norm_first=False, sos=
         else:
             continue
         with torch.no_grad():
-            # Positions must matter: feeding every token at position 0 changes the output.
-            if torch.equal(_offset_zero(reference, ref, src, max_len, sos, eos, pad), out):
+            # Positions must matter: feeding every token at position 0 changes the output. So must the padding:
+            # a row that goes on after its eos says something else than pad (it could say pad by chance).
+            if torch.equal(_offset_zero(reference, ref, src, max_len, sos, eos, pad), out) or (
+                    B > 1 and torch.equal(_goes_on_after_eos(reference, ref, src, max_len, sos, eos, pad), out)):
                 continue
         m = _learner_model(learner, reference, rng, ref, sd, norm_first)
         own_tries += 1
@@ -1315,7 +1335,7 @@ def _greedy_on_meta(learner, m, src, name):
 @points(1.5, part="greedy_decode")
 def test_greedy_decode_matches_reference(learner, reference, rng, devices):
     """Does greedy_decode feed back the argmax at every step, pad after eos and stop when every row is done?"""
-    for B, max_len, norm_first in ((5, 7, False), (1, 4, True), (6, 6, True)):
+    for B, max_len, norm_first in ((5, 7, False), (1, 4, True)):
         m, src = _greedy_model(learner, reference, rng, B, max_len, norm_first=norm_first)
         _check_greedy(learner, m, src, max_len, "greedy_decode")
     _check_greedy_on_devices(learner, reference, rng, devices, "greedy_decode")
@@ -1325,7 +1345,7 @@ def test_greedy_decode_matches_reference(learner, reference, rng, devices):
 @points(2, part="greedy_decode")
 def test_greedy_decode_cached_equals_recomputation(learner, reference, rng, devices):
     """Does greedy_decode_cached give exactly greedy_decode's tokens when rows end at different steps?"""
-    for B, max_len, norm_first in ((5, 7, False), (6, 8, True), (1, 5, False)):
+    for B, max_len, norm_first in ((6, 8, True), (1, 5, False)):
         m, src = _greedy_model(learner, reference, rng, B, max_len, norm_first=norm_first)
         _check_greedy(learner, m, src, max_len, "greedy_decode_cached")
     _check_greedy_on_devices(learner, reference, rng, devices, "greedy_decode_cached")
