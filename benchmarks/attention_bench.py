@@ -92,8 +92,19 @@ def make_qkv(T, d=64, dtype=torch.float32, device="cpu", seed=0):
 
 
 def _proc_kib(field):
-    with open("/proc/self/status") as f:
-        return int(re.search(rf"^{field}:\s+(\d+)", f.read(), re.M).group(1))
+    """VmRSS (resident now) or VmHWM (peak resident) of this process, in KiB.
+
+    Linux reads /proc. Elsewhere (macOS) only the peak is known, from getrusage (bytes
+    on macOS, KiB on Linux), and it stands in for both: in a fresh process whose memory
+    has only grown, the peak before the call is close to the resident memory then.
+    """
+    try:
+        with open("/proc/self/status") as f:
+            return int(re.search(rf"^{field}:\s+(\d+)", f.read(), re.M).group(1))
+    except FileNotFoundError:
+        import resource
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak // 1024 if sys.platform == "darwin" else peak
 
 
 def _reset_peak():

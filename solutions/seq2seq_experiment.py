@@ -22,6 +22,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import platform
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +38,8 @@ from solutions.ch02_attention import AttnDecoder
 FIRST_SYMBOL = 3  # ids 0, 1, 2 are PAD, SOS, EOS
 KINDS = ("plain", "attention", "bidirectional")
 # Where the book's pages keep trained models, so that the chapter 02 page reuses the
-# plain model trained for chapter 01. A build output, git-ignored like the rest of _build.
+# plain model trained for chapter 01. A build output, git-ignored like the rest of _build;
+# `make clean` removes it, and CI starts without it.
 CACHE_DIR = Path(__file__).resolve().parent.parent / "_build" / "experiment_cache"
 
 
@@ -179,8 +181,10 @@ class TrainedModel:
 
 
 def _cache_key(kind: str, config: Config) -> str:
-    """Changes whenever the settings, the code that trains the model or PyTorch change."""
-    h = hashlib.sha256(json.dumps([kind, dataclasses.asdict(config), torch.__version__]).encode())
+    """Changes whenever the settings, the code that trains the model, PyTorch or the
+    processor change (another processor trains a slightly different model)."""
+    machine = [platform.machine(), platform.processor(), torch.backends.cpu.get_cpu_capability()]
+    h = hashlib.sha256(json.dumps([kind, dataclasses.asdict(config), torch.__version__, machine]).encode())
     for module in (ch01_seq2seq, ch02_attention):
         h.update(Path(module.__file__).read_bytes())
     h.update(Path(__file__).read_bytes())
