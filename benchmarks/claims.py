@@ -36,6 +36,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from solutions.claims import machine, margin
+
 ROOT = Path(__file__).resolve().parent.parent
 BOOK = ROOT / "book"
 SEED_STEP = 1000
@@ -44,13 +46,14 @@ SEED_STEP = 1000
 # the trained-model cache of chapters 01-02 goes to a folder of this run alone (its key
 # does not see the shift, so the build's cache would hand back the unshifted models).
 PROLOGUE = """\
+import pathlib as _pathlib
 import random as _random
 import numpy as _np
 import torch as _torch
 import solutions.seq2seq_experiment as _experiment
 
 _OFFSET = {offset}
-_experiment.CACHE_DIR = __import__("pathlib").Path({cache!r})
+_experiment.CACHE_DIR = _pathlib.Path({cache!r})
 if _OFFSET:
     _torch_seed, _np_rng, _np_seed, _py_seed = (
         _torch.manual_seed, _np.random.default_rng, _np.random.seed, _random.seed)
@@ -157,7 +160,6 @@ def main(argv=None) -> int:
         pages = {k: v for k, v in pages.items() if k in wanted}
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
 
-    from solutions.claims import machine
     print(f"{machine()}; {len(pages)} pages x {len(seeds)} seeds, {args.jobs} at once, "
           f"{args.load} burning processes", flush=True)
 
@@ -204,10 +206,9 @@ def margin_over_spread(values, op, threshold) -> float:
     factors, so they are compared on a log scale; differences on a linear one."""
     if threshold > 0 and min(values) > 0:
         values, threshold = [math.log(v) for v in values], math.log(threshold)
-    worst = min(values) if op in (">", ">=") else max(values)
-    margin = worst - threshold if op in (">", ">=") else threshold - worst
+    least = min(margin(v, op, threshold) for v in values)
     spread = max(values) - min(values)
-    return margin / spread if spread > 0 else (float("inf") if margin >= 0 else float("-inf"))
+    return least / spread if spread > 0 else (float("inf") if least >= 0 else float("-inf"))
 
 
 def report(pages, seeds, runs, json_path=None) -> int:

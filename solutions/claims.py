@@ -1,9 +1,9 @@
 """The book's checked claims: what the prose says about a trained or measured result.
 
-A page states a result ("attention is ahead by 0.5 at length 24") and then checks it on
+A page states a result ("at length 24, attention is ahead by ...") and then checks it on
 the run that the build just made::
 
-    claim("02/attention-ahead-at-24", gap, ">", 0.25)
+    claim("02/attention-minus-plain-24", gap, ">", 0.4)
 
 ``claim`` compares one measured number with one threshold. When the comparison holds it
 returns nothing; when it fails it raises :class:`ClaimFailed`, whose message is one line
