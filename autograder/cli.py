@@ -86,7 +86,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="grade N submissions at once, each in its own sandbox and on one core "
                         "(default: the number of CPUs, at most one job per 3 submissions to grade)")
     p.add_argument("--scheduler", metavar="ADDRESS",
-                   help="grade on the workers of this Dask scheduler (tcp://HOST:8786) instead of this machine")
+                   help="grade on the workers of this Dask scheduler (tls://HOST:8786, with the TLS credentials of "
+                        "Dask's configuration, distributed.comm.tls.*) instead of this machine")
+    p.add_argument("--insecure-scheduler", action="store_true",
+                   help="accept a --scheduler address without authentication (tcp://): anyone who can reach that "
+                        "cluster can run code in the grading jobs and change grades")
     p.add_argument("--warm", action="store_true",
                    help="start each job's workers from a pre-imported template (when the grader has one)")
     p.set_defaults(func=_cmd_grade)

@@ -14,7 +14,10 @@ Where tasks run (`runner`):
 * one job and no scheduler (`--jobs 1`, or a single submission to grade): in the
   coordinator's process, one after the other; nothing to start;
 * otherwise on Dask: a `LocalCluster` of N single-threaded worker processes (`--jobs N`),
-  or an existing cluster (`--scheduler ADDRESS`). A worker that dies mid-task loses
+  or an existing cluster (`--scheduler ADDRESS`). Who may reach them is decided in
+  `dask_cluster`: the local cluster speaks only TLS with credentials made for the batch,
+  and an unauthenticated scheduler address is refused unless the instructor insists
+  (`--insecure-scheduler`). A worker that dies mid-task loses
   nothing: the scheduler gives its tasks to another worker, and the coordinator records
   each task's result once, when its future completes.
 
@@ -23,8 +26,9 @@ it runs (a warm start, when the grader has one, pays off only that way). On a ma
 where the grader runs as root, every grading process takes a *uid slot* (an flock on a
 file, held while the process lives) and gives its sandboxed workers uids from that slot's
 own share of the sandbox uids, so no two processes on one machine, whoever started them,
-hand out the same uid at the same time. Each worker's memory cgroup is named after its
-process id, so cgroups never collide either.
+hand out the same uid at the same time. The slot files live in the grader's runtime folder
+(`runtime_dir`: /run/autograder for root), a place no other local user can create first.
+Each worker's memory cgroup is named after its process id, so cgroups never collide either.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import logging
 import os
 import shutil
 import socket
+import stat
 import tempfile
 import threading
 import time
@@ -45,7 +50,7 @@ log = logging.getLogger("autograder")
 
 MIN_PER_JOB = 3  # without --jobs, at most one job per this many submissions to grade
 UID_SLOTS = 64  # grading processes per machine that can hold a share of the sandbox uids at once
-UID_SLOT_DIR = "autograder-uid-slots"
+UID_SLOT_DIR = "uid-slots"  # in the runtime folder (`runtime_dir`)
 
 
 def default_jobs() -> int:
@@ -54,6 +59,94 @@ def default_jobs() -> int:
         return max(len(os.sched_getaffinity(0)), 1)
     except AttributeError:
         return os.cpu_count() or 1
+
+
+# --- the runtime folder: state shared by the grading processes of one user ------------------
+
+def _private_chain(folder: str) -> bool:
+    """Whether no other user can rename, replace or add entries on the way to FOLDER.
+
+    Every folder from / down to FOLDER must be a real folder (not a link) owned by root or by
+    us, and writable by nobody else, except a sticky folder (such as /tmp) whose next entry
+    on the way is owned by root or by us: there, others may add names but cannot move or
+    remove ours."""
+    me = os.geteuid()
+    parts = os.path.abspath(folder).split(os.sep)[1:]
+    path, above = os.sep, None
+    for name in ["", *parts]:
+        path = os.path.join(path, name) if name else path
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return False
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid not in (0, me):
+            return False
+        if above is not None and above.st_mode & 0o022 and not above.st_mode & stat.S_ISVTX:
+            return False  # the folder above lets others rename this one
+        above = st
+    return not above.st_mode & 0o022
+
+
+def runtime_candidates() -> list[str]:
+    """Where the grader keeps its runtime state, best first: a folder only root can create in
+    (/run) when run as root, else the user's own runtime folder ($XDG_RUNTIME_DIR); then the
+    user's home, from the password database (not $HOME, which `sudo` may keep)."""
+    import pwd
+
+    me = os.geteuid()
+    out = []
+    if me == 0:
+        out.append("/run/autograder")
+    else:
+        xdg = os.environ.get("XDG_RUNTIME_DIR", "")
+        if os.path.isabs(xdg):
+            out.append(os.path.join(xdg, "autograder"))
+    try:
+        home = pwd.getpwuid(me).pw_dir
+    except KeyError:
+        home = ""
+    if os.path.isabs(home):
+        out.append(os.path.join(home, ".cache", f"autograder-runtime-{me}"))
+    return out
+
+
+def runtime_dir(candidates: list[str] | None = None) -> str:
+    """The grader's runtime folder for this user: the first candidate (`runtime_candidates`) that
+    no other user could have created or planted, made here with mode 0700 if missing.
+
+    A candidate is skipped when a folder on its way is not private (`_private_chain`), or when
+    something other than our own 0700 folder already has its name; a grading process never
+    chooses a place that a local user could take first (a world-writable /tmp was one: any user
+    could create the folder there before the first `grade`, and every grading run by root then
+    refused to start)."""
+    from .sandbox import SandboxUnavailable
+
+    tried = []
+    for folder in candidates if candidates is not None else runtime_candidates():
+        parent = os.path.dirname(os.path.abspath(folder))
+        existing = parent
+        while not os.path.lexists(existing):
+            existing = os.path.dirname(existing)
+        if not _private_chain(existing):
+            tried.append(f"{folder} (a folder above it is not private to uid {os.geteuid()} or root)")
+            continue
+        try:
+            os.makedirs(parent, mode=0o700, exist_ok=True)
+            if not _private_chain(parent):
+                tried.append(f"{folder} (a folder above it is not private to uid {os.geteuid()} or root)")
+                continue
+            os.mkdir(folder, 0o700)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            tried.append(f"{folder} ({exc.strerror})")
+            continue
+        st = os.lstat(folder)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+            tried.append(f"{folder} (not a folder of uid {os.geteuid()} with mode 0700)")
+            continue
+        return folder
+    raise SandboxUnavailable("no private folder for the grader's runtime state: " + "; ".join(tried or ["none"]))
 
 
 # --- uid slots: disjoint sandbox uids for every grading process of a machine ----------------
@@ -68,10 +161,10 @@ def uid_slot(count: int, slots: int = UID_SLOTS, folder: str | None = None) -> t
     Slot k owns offsets [k * share, (k + 1) * share) of the sandbox uid range, share =
     count // slots. The lock is an flock on FOLDER/slot-k, so it ends with the process,
     however it ends (SIGKILL included), and the slot is free for the next one."""
-    folder = folder or os.path.join(tempfile.gettempdir(), f"{UID_SLOT_DIR}-{os.geteuid()}")
     slots = max(min(slots, count), 1)
     share = count // slots
     with _held_lock:
+        folder = folder or os.path.join(runtime_dir(), UID_SLOT_DIR)
         if folder in _held:
             return _held[folder][0] * share, share
         from .sandbox import SandboxUnavailable
@@ -275,20 +368,24 @@ class Serial:
 
 
 class OnDask:
-    """Tasks on a Dask cluster: a LocalCluster of `jobs` processes, or the one at `address`."""
+    """Tasks on a Dask cluster: a LocalCluster of `jobs` processes that only this process can
+    reach (TLS with credentials made for the batch, `dask_cluster.LocalGrading`), or the one at
+    `address`, over TLS, or unauthenticated only if `insecure` (`dask_cluster.scheduler_security`)."""
 
-    def __init__(self, *, jobs: int | None = None, address: str | None = None, connect_timeout: float = 30):
-        from distributed import Client, LocalCluster
+    def __init__(self, *, jobs: int | None = None, address: str | None = None, insecure: bool = False,
+                 connect_timeout: float = 30):
+        from . import dask_cluster
 
         self.cluster = None
+        self.warning = None
         if address:
-            self.client = Client(address, timeout=connect_timeout, set_as_default=False)
+            # SchedulerRefused for an address that authenticates nobody, unless `insecure`
+            security, self.warning = dask_cluster.scheduler_security(address, insecure)
+            self.client = dask_cluster.remote_client(address, security, connect_timeout)
             self.name = f"Dask scheduler {address}"
         else:
-            # One thread per worker process: tasks set torch's global seeds, and a job is one core.
-            self.cluster = LocalCluster(n_workers=jobs, threads_per_worker=1, processes=True, dashboard_address=None,
-                                        memory_limit=0, silence_logs=logging.ERROR)
-            self.client = Client(self.cluster, set_as_default=False)
+            self.cluster = dask_cluster.LocalGrading(jobs)
+            self.client = self.cluster.client
             self.name = f"{jobs} jobs (a local Dask cluster)"
         self.resources = None
 
@@ -347,11 +444,10 @@ class OnDask:
             yield task, outcome
 
     def close(self):
-        try:
+        if self.cluster is not None:
+            self.cluster.close()
+        else:
             self.client.close()
-        finally:
-            if self.cluster is not None:
-                self.cluster.close()
 
 
 def replay_log(outcome) -> None:

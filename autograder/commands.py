@@ -116,7 +116,9 @@ def check_command(args) -> int:
             return _error(str(exc))
     from .runner import Submission
 
-    early = Submission([], sandbox=sandbox, notebook=path)
+    # self_check: a check that cannot measure what it grades (a memory peak) shows no points for
+    # it, since grading may measure it; so a check never shows more than `grade` gives
+    early = Submission([], sandbox=sandbox, notebook=path, self_check=True)
     try:
         early.start_early()
         if sandbox is not None:
@@ -577,10 +579,12 @@ def _grade_batch(args, todo, reports, grader, sandbox, forbidden, overrides, war
 
     if scheduler or jobs > 1:
         try:
-            runner = cohort.OnDask(jobs=jobs, address=scheduler)
+            runner = cohort.OnDask(jobs=jobs, address=scheduler, insecure=getattr(args, "insecure_scheduler", False))
         except Exception as exc:  # noqa: BLE001 - no cluster: say why, grade nothing
             where = f"reach the Dask scheduler at {safe(scheduler, 200)}" if scheduler else f"start {jobs} local jobs"
             return _error(f"cannot {where}: {type(exc).__name__}: {exc}")
+        if runner.warning:  # an unauthenticated scheduler, asked for: on record in the run's log
+            log.warning("%s", runner.warning)
         try:
             probe = cohort.make_task(-1, key=grader.assignment.key, student="", label="", name="", data=b"", seed=0,
                                      overrides=overrides, sandbox=cfg, warm=warm)
@@ -620,6 +624,19 @@ def _grade_batch(args, todo, reports, grader, sandbox, forbidden, overrides, war
 
 
 def grade_command(args) -> int:
+    scheduler = getattr(args, "scheduler", None)
+    if getattr(args, "insecure_scheduler", False) and not scheduler:
+        return _error("--insecure-scheduler goes with --scheduler ADDRESS")
+    if scheduler:
+        # First of all: a cluster that authenticates nobody is refused unless asked for.
+        from .dask_cluster import SchedulerRefused, scheduler_security
+
+        try:
+            _, warning = scheduler_security(scheduler, getattr(args, "insecure_scheduler", False))
+        except SchedulerRefused as exc:
+            return _error(str(exc))
+        if warning:
+            _progress(warning)
     from nbgrader.api import Gradebook
 
     from . import gradebook as gbk

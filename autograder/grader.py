@@ -38,7 +38,8 @@ import torch
 from .assignments import Assignment
 from .hidden.support import Hint, Points
 from .limits import DEFAULT, Limits
-from .notebook import (NotebookError, audit_cells, cap, code_cells, read_notebook, reference_cells)
+from .notebook import (NotebookError, ParsedNotebook, audit_cells, cap, code_cells, read_notebook,
+                       reference_cells)
 from .runner import (BoundaryError, CallTimeout, GradingError, Learner, LearnerError, MissingName,
                      NotImplementedRemote, Submission, WorkerDied)
 
@@ -48,6 +49,8 @@ GRADED, ERROR, GRADER_ERROR = "graded", "error", "grader_error"
 FIXTURES = ("learner", "reference", "rng", "devices", "seed")
 GRADER_FAULT_HINT = ("The grader itself failed on this check (not a mistake of yours); "
                      "the instructor has been told and will regrade it.")
+VALUE_FAULT_HINT = ("This check could not use what your code returned ({error}){last}. Check the type, shape, "
+                    "dtype and device of what your functions return against the exercise's description.")
 
 
 class GraderConfigError(RuntimeError):
@@ -116,6 +119,31 @@ def hint_for(exc: BaseException) -> str:
     if isinstance(exc, BoundaryError):
         return f"{_who(exc.name)} returned something the grader cannot accept: {exc}"
     return f"{_who(getattr(exc, 'name', ''))} failed: {exc}"
+
+
+def _returned(value) -> str:
+    """The last value a learner's call returned, as a hint names it (its type, a tensor's dtype and device)."""
+    from .hidden.support import describe
+
+    try:
+        return describe(value)
+    except Exception:  # noqa: BLE001 - a name for a hint, nothing depends on it
+        return f"a {type(value).__name__[:40]}"
+
+
+def reference_code(assignment: Assignment) -> list[dict] | None:
+    """The code cells of the master with its answers (the reference solution as a notebook), for
+    replaying a crashed check; None where the master cannot be read (a learner's copy of the course)."""
+    try:
+        from .generate import read_master
+
+        nb = read_master(assignment)
+    except Exception:  # noqa: BLE001 - no master, no replay: the crash stays the grader's
+        log.warning("cannot read the master of %s: crashed checks cannot be replayed", assignment.key, exc_info=True)
+        return None
+    cells = [{"index": i + 1, "type": c.cell_type, "source": c.source, "metadata": dict(c.metadata)}
+             for i, c in enumerate(nb.cells)]
+    return code_cells(ParsedNotebook(path=assignment.master, cells=cells, metadata={}, assignment=assignment.key))
 
 
 def check_seed(seed: int, name: str) -> int:
@@ -197,6 +225,7 @@ class Grader:
         if wrong:
             raise GraderConfigError("hidden test points do not add up to the notebook's: " + ", ".join(
                 f"{p}: {t:g} hidden vs {n:g} visible" for p, (t, n) in wrong.items()))
+        self._reference_code: list[dict] | None = None  # read at the first crashed check (see _replay)
         self.template, self.warm_problem = None, "not asked for"
         if warm:
             from .warm import Template, TemplateUnavailable
@@ -273,39 +302,98 @@ class Grader:
                 sub.close()
         result.notes = cap(result.notes, self.limits, dropped=sub.load_dropped)
 
+    def _call_check(self, check: HiddenCheck, sub: Submission, s: int) -> None:
+        """Run one check against `sub` under the check's seed `s` (in both processes)."""
+        torch.manual_seed(s)
+        np.random.seed(s % 2**32)
+        random.seed(s)
+        fixtures = {"learner": Learner(sub), "reference": self.reference, "seed": s,
+                    "rng": torch.Generator().manual_seed(s), "devices": available_devices()}
+        sub.reseed(s)
+        check.fn(**{p: fixtures[p] for p in check.params})
+
+    def _replay(self, check: HiddenCheck, s: int, replay: dict, sub: Submission) -> bool | None:
+        """Run a check that crashed on a learner's submission again, with the same seed, against the
+        reference solution in a worker of its own: True when it passes there, False when it fails or
+        crashes there too, None when no replay can be made. The check's code, inputs and seeds are the
+        same in both runs; only what the worker returns differs. When the crash was the learner's, the
+        replay's time is charged to the learner's submission (else it is ours, as the crash is)."""
+        start, verdict = time.monotonic(), None
+        try:
+            verdict = self._replay_on_reference(check, s, replay)
+            return verdict
+        finally:
+            if verdict:
+                sub.deadline -= time.monotonic() - start
+
+    def _replay_on_reference(self, check: HiddenCheck, s: int, replay: dict) -> bool | None:
+        if "sub" not in replay:
+            if self._reference_code is None:
+                self._reference_code = reference_code(self.assignment) or []
+            # a fresh worker, never the warm template's: a template serves one live worker at a
+            # time, and the learner's is still running
+            replay["sub"] = (Submission(self._reference_code, limits=self.limits, seed=s, sandbox=self.sandbox,
+                                        python=self.python)
+                             if self._reference_code else None)
+        ref = replay["sub"]
+        if ref is None:
+            return None
+        try:
+            ref.ensure_started()
+            self._call_check(check, ref, s)
+            return True
+        except Exception:  # noqa: BLE001 - failing or crashing on the reference: the check's own fault
+            log.error("hidden check %s fails on the reference too, seed %d:\n%s", check.name, s,
+                      traceback.format_exc())
+            return False
+
     def _run_checks(self, sub: Submission, result: Result) -> None:
-        learner = Learner(sub)
         faults = []
-        for check in self.checks:
-            s = check_seed(result.seed, check.name)
-            torch.manual_seed(s)
-            np.random.seed(s % 2**32)
-            random.seed(s)
-            fixtures = {"learner": learner, "reference": self.reference, "seed": s,
-                        "rng": torch.Generator().manual_seed(s), "devices": available_devices()}
-            passed, hint, fault = False, "", False
-            try:
-                sub.reseed(s)
-                check.fn(**{p: fixtures[p] for p in check.params})
-                passed = True
-            except (Hint, GradingError) as exc:
-                hint = hint_for(exc)
-            except Exception:  # noqa: BLE001 - a bug in our check: the instructor's problem, not the learner's
-                fault = True
-                hint = GRADER_FAULT_HINT
-                faults.append(check.name)
-                log.error("hidden check %s crashed on %s (%s), seed %d:\n%s", check.name, result.notebook,
-                          result.student or "-", result.seed, traceback.format_exc())
-            result.checks.append(CheckResult(name=check.name, part=check.part, title=check.title,
-                                             points=check.points if passed else 0.0, max_points=check.points,
-                                             passed=passed, hint=hint, grader_error=fault))
-            if passed:
-                result.parts[check.part]["score"] += check.points
+        replay: dict = {}  # the reference's worker, started at the first crash, for this submission
+        try:
+            self._check_all(sub, result, faults, replay)
+        finally:
+            if replay.get("sub") is not None:
+                replay["sub"].close()
         if faults:
             result.status = GRADER_ERROR
             result.error = (f"{len(faults)} hidden check(s) crashed in the grader ({', '.join(faults)}); "
                             "their points are not counted yet: the traceback is in the grading log. "
                             "This is not the learner's fault: fix and regrade")
+
+    def _check_all(self, sub: Submission, result: Result, faults: list, replay: dict) -> None:
+        for check in self.checks:
+            s = check_seed(result.seed, check.name)
+            passed, hint, fault = False, "", False
+            sub.last_returned = None
+            try:
+                self._call_check(check, sub, s)
+                passed = True
+            except (Hint, GradingError) as exc:
+                hint = hint_for(exc)
+            except Exception as exc:  # noqa: BLE001 - ours, unless it comes from what the learner returned
+                crash = traceback.format_exc()
+                last = sub.last_returned
+                if last is not None and self._replay(check, s, replay, sub):
+                    # Same check, same inputs, same seeds: it passes on the reference's values and
+                    # crashes on the learner's, so it crashed on what the learner returned.
+                    hint = VALUE_FAULT_HINT.format(
+                        error=type(exc).__name__,
+                        last=f"; the last value it received, from `{last[0][:100]}`, was {_returned(last[1])}")
+                    log.warning("hidden check %s failed on the values %s (%s) returned, seed %d; it passes on the "
+                                "reference's, so this counts as the learner's mistake:\n%s", check.name,
+                                result.notebook, result.student or "-", result.seed, crash)
+                else:
+                    fault = True
+                    hint = GRADER_FAULT_HINT
+                    faults.append(check.name)
+                    log.error("hidden check %s crashed on %s (%s), seed %d:\n%s", check.name, result.notebook,
+                              result.student or "-", result.seed, crash)
+            result.checks.append(CheckResult(name=check.name, part=check.part, title=check.title,
+                                             points=check.points if passed else 0.0, max_points=check.points,
+                                             passed=passed, hint=hint, grader_error=fault))
+            if passed:
+                result.parts[check.part]["score"] += check.points
 
 
 __all__ = ["Grader", "GraderConfigError", "Result", "CheckResult", "GRADED", "ERROR", "GRADER_ERROR",

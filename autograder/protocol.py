@@ -144,6 +144,12 @@ def tensor_payload(t) -> dict:
             "array": array_payload(t.cpu().resolve_conj().resolve_neg().numpy())}
 
 
+def device_key(device) -> str:
+    """A device's name with its index ("cuda" is "cuda:0", "mps" is "mps:0"), to compare devices by."""
+    s = str(device)
+    return s + ":0" if s in ("cuda", "mps") else s
+
+
 def make_tensor(arr: np.ndarray, dtype: str, device: str):
     torch = _torch()
     want = getattr(torch, dtype, None)
@@ -151,18 +157,46 @@ def make_tensor(arr: np.ndarray, dtype: str, device: str):
         raise CodecError("unknown tensor dtype")
     if not isinstance(device, str) or not DEVICE_RE.match(device):
         raise CodecError("unknown device")
+    if device == "meta":
+        raise CodecError("a tensor on the meta device cannot carry data")
+    # the bytes must be of the tensor's own dtype (bfloat16 travels as float32)
+    if arr.dtype != np.dtype("float32" if dtype == "bfloat16" else dtype):
+        raise CodecError(f"a {dtype} tensor whose data is {arr.dtype}")
     t = torch.from_numpy(arr)
     if t.dtype != want:
         t = t.to(want)
     if device != "cpu":
         try:
             t = t.to(device)
-        except (RuntimeError, AssertionError) as exc:
+        except Exception as exc:  # noqa: BLE001 - whatever the device layer raises, the device is not here
             raise CodecError(f"device {device} is not available here ({type(exc).__name__})") from None
     return t
 
 
 # --- values -------------------------------------------------------------------------------
+
+INT_BITS = 63  # a Python int that crosses fits in an int64 (what a tensor or NumPy holds)
+
+
+def _odd_tensor(t) -> str:
+    """What makes `t` a tensor whose data cannot be sent as one array, or ""."""
+    torch = _torch()
+    if t.is_nested:
+        return "a nested tensor"
+    if t.is_quantized:
+        return "a quantised tensor"
+    if t.layout != torch.strided:
+        return f"a tensor of layout {str(t.layout).replace('torch.', '')} (sparse)"
+    if t.device.type != "meta" and t.numel() > 0:
+        try:
+            have = t.untyped_storage().nbytes()
+        except Exception:  # noqa: BLE001 - a tensor that has none
+            return "a tensor without storage"
+        need = (t.storage_offset() + sum((n - 1) * st for n, st in zip(t.shape, t.stride())) + 1) * t.element_size()
+        if have < need:
+            return "a tensor whose storage is smaller than its shape (it holds no data)"
+    return ""
+
 
 def encode(obj, to_handle=None, depth: int = 0, max_depth: int = 32):
     """Python value -> JSON-able structure. Other objects become handles via to_handle."""
@@ -178,9 +212,18 @@ def encode(obj, to_handle=None, depth: int = 0, max_depth: int = 32):
         return {TAG_NPSCALAR: array_payload(np.asarray(obj))}
     if _is_tensor(obj):
         torch = _torch()
+        odd = _odd_tensor(obj)
+        if odd:
+            raise CodecError(f"{odd} cannot cross: return a plain dense tensor")
         if torch.Tensor.detach(obj).device.type == "meta":
             return {TAG_META: {"dtype": str(obj.dtype).replace("torch.", ""), "shape": [int(n) for n in obj.shape]}}
-        return {TAG_TENSOR: tensor_payload(obj)}
+        try:
+            return {TAG_TENSOR: tensor_payload(obj)}
+        except CodecError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a subclass without data (a fake tensor...), a device torch cannot read
+            raise CodecError(f"a tensor whose data cannot be read ({type(obj).__name__[:40]}: "
+                             f"{type(exc).__name__})") from None
     torch = sys.modules.get("torch")
     if torch is not None:
         if isinstance(obj, torch.dtype):
@@ -208,14 +251,29 @@ class Decoder:
 
     `int_keys` allows int dict keys: only towards the worker. The trusted side refuses
     them (a sender who picks ints with colliding hashes makes building a dict quadratic).
+
+    `devices`: the devices (`device_key` names) a tensor in the value may be on, or None for any.
+    The trusted side passes what the request can legitimately get back: the CPU and the devices
+    its own arguments were on, "meta" only where it asked for it (a device check). A tensor on
+    another device, or a meta tensor elsewhere, is refused here, before any check sees it.
     """
 
-    def __init__(self, from_handle=None, *, max_depth: int = 32, max_dims: int = 16, int_keys: bool = False):
+    def __init__(self, from_handle=None, *, max_depth: int = 32, max_dims: int = 16, int_keys: bool = False,
+                 devices=None):
         self.from_handle, self.max_depth, self.max_dims, self.int_keys = from_handle, max_depth, max_dims, int_keys
+        self.devices = None if devices is None else frozenset(devices)
+
+    def _device_allowed(self, device: str) -> None:
+        if self.devices is not None and device_key(device) not in self.devices:
+            where = ", ".join(sorted(d for d in self.devices if d != "meta")) or "cpu"
+            raise CodecError(f"a tensor on the {device} device, where this check's inputs were on {where}"
+                             + (" (the meta device holds no data)" if device == "meta" else ""))
 
     def __call__(self, obj, depth: int = 0):
         if depth > self.max_depth:
             raise CodecError("value nested too deeply")
+        if type(obj) is int and obj.bit_length() > INT_BITS:
+            raise CodecError(f"an integer of more than {INT_BITS} bits")
         if obj is None or type(obj) in (bool, int, float, str):
             return obj
         if type(obj) is list:
@@ -237,12 +295,22 @@ class Decoder:
         if tag == TAG_TENSOR:
             if type(val) is not dict or set(val) != {"array", "dtype", "device"}:
                 raise CodecError("malformed tensor payload")
+            if not isinstance(val["device"], str) or not DEVICE_RE.match(val["device"]):
+                raise CodecError("unknown device")
+            self._device_allowed(val["device"])
             return make_tensor(array_from_payload(val["array"], max_dims=self.max_dims), val["dtype"], val["device"])
         if tag == TAG_META:
             if type(val) is not dict or set(val) != {"dtype", "shape"} or val["dtype"] not in TENSOR_DTYPES:
                 raise CodecError("malformed meta tensor")
+            self._device_allowed("meta")
+            shape = _shape(val["shape"], self.max_dims)
+            if math.prod(shape) >= 2**62:
+                raise CodecError("a meta tensor of more elements than a tensor can have")
             torch = _torch()
-            return torch.empty(_shape(val["shape"], self.max_dims), dtype=getattr(torch, val["dtype"]), device="meta")
+            try:
+                return torch.empty(shape, dtype=getattr(torch, val["dtype"]), device="meta")
+            except Exception:  # noqa: BLE001 - a size torch refuses
+                raise CodecError("a meta tensor of a size torch refuses") from None
         if tag == TAG_DTYPE:
             if val not in TENSOR_DTYPES:
                 raise CodecError("unknown dtype")

@@ -120,6 +120,55 @@ def kill_group(proc: subprocess.Popen) -> None:
         pass
 
 
+def _read_int(path: str) -> int:
+    with open(path, "rb") as f:
+        return int(f.read(64).split()[0])
+
+
+def _cgroup_usage(path: str) -> int:
+    """A memory cgroup's current usage in bytes (v2's memory.current, v1's memory.usage_in_bytes)."""
+    current = os.path.join(path, "memory.current")
+    return _read_int(current if os.path.exists(current) else os.path.join(path, "memory.usage_in_bytes"))
+
+
+def _proc_status(pid: int, field: str) -> int:
+    """A size field (in kB there) of /proc/PID/status, in bytes."""
+    with open(f"/proc/{pid}/status", "rb") as f:
+        for line in f.read(1 << 16).splitlines():
+            if line.startswith(field.encode() + b":"):
+                return int(line.split()[1]) * 1024
+    raise ValueError(field)
+
+
+def sandboxed_worker_pid(root: int, proc: str = "/proc") -> int | None:
+    """The host pid of a sandboxed worker's Python process: the one process below `root` (the
+    sandbox's first process: bubblewrap, then its init in the worker's PID namespace) that has
+    no child. Looked up before the learner's code is loaded, when no other process is there;
+    None unless there is exactly one."""
+    children: dict[int, list[int]] = {}
+    for name in os.listdir(proc):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"{proc}/{name}/stat", "rb") as f:
+                data = f.read(4096)
+            ppid = int(data[data.rindex(b")") + 2:].split()[1])  # the name in parentheses may hold anything
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(name))
+    leaves, todo, seen = [], [root], set()
+    while todo:
+        pid = todo.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        kids = children.get(pid, [])
+        if not kids and pid != root:
+            leaves.append(pid)
+        todo.extend(kids)
+    return leaves[0] if len(leaves) == 1 else None
+
+
 class Submission:
     """One learner's code, running in a worker process that is restarted when needed.
 
@@ -127,8 +176,12 @@ class Submission:
     """
 
     def __init__(self, cells: list[dict], *, limits: Limits = DEFAULT, seed: int = 0, env: dict | None = None,
-                 python: str = sys.executable, sandbox=None, notebook: str | Path | None = None, template=None):
+                 python: str = sys.executable, sandbox=None, notebook: str | Path | None = None, template=None,
+                 self_check: bool = False):
         self.cells = cells
+        # a learner's own check (`check`), not grading: a check that cannot measure what it grades
+        # shows no points for it there (see MemoryUse.self_check)
+        self.self_check = self_check
         # an autograder.warm.Template to fork workers from (the warm start), or None; it is
         # used only with the sandbox and without extra environment variables (a template has one
         # environment); the notebook is not shown in a warm worker, whose code comes in the load request
@@ -144,6 +197,7 @@ class Submission:
         self.proc: subprocess.Popen | None = None
         self._release = None  # the sandbox's clean-up for the running worker (its cgroup)
         self._cgroup: str | None = None  # the running worker's memory cgroup, when it has one
+        self._baseline: dict | None = None  # the worker's memory before the learner's code was loaded
         self._watch: list[int] = []  # a warm worker's pidfd
         self.generation = 0
         self._loaded = 0  # the generation whose worker has the learner's code loaded
@@ -153,8 +207,9 @@ class Submission:
         self.load_failure: GradingError | None = None
         self.outputs: list[str] = []
         self._next_id = 1
+        self.devices_sent: set[str] = set()  # every device a request has sent a tensor or torch.device on
+        self.last_returned: tuple | None = None  # (name, value) of the last value the learner's side returned
         self._tmp = tempfile.TemporaryDirectory(prefix="grade-worker-")
-        self._decode = P.Decoder(self._handle, max_depth=limits.reply_depth, max_dims=limits.array_dims)
 
     # process management --------------------------------------------------------------
     @staticmethod
@@ -277,7 +332,6 @@ class Submission:
             raise RuntimeError("configure() after the learner's code was loaded")
         self.cells, self.limits, self.seed = cells, limits, seed
         self.restarts_left = limits.max_restarts
-        self._decode = P.Decoder(self._handle, max_depth=limits.reply_depth, max_dims=limits.array_dims)
         if self.proc is not None:
             self._out.cap = limits.output_bytes
 
@@ -294,10 +348,15 @@ class Submission:
                     raise self.load_failure
                 self.restarts_left -= 1
             self._start()
-        if self.generation == 1:
-            # the budget counts from the first load: a worker started early has run nothing yet
-            self.deadline = time.monotonic() + self.limits.submission_seconds
         try:
+            # A worker reads its first request only once it has imported its libraries: its memory
+            # then, before any of the learner's code has run, is what every measurement of its
+            # memory is taken against (see memory_meter).
+            self._request({"op": P.OP_SEED, "seed": self.seed}, name="", timeout=self.limits.load_seconds)
+            self._baseline = self._memory_baseline()
+            if self.generation == 1:
+                # the budget counts from the first load: a worker started early has run nothing yet
+                self.deadline = time.monotonic() + self.limits.submission_seconds
             result = self._request({"op": P.OP_LOAD, "cells": self.cells, "seed": self.seed},
                                    name="", timeout=self.limits.load_seconds)
         except GradingError as exc:
@@ -329,100 +388,119 @@ class Submission:
         return errors, notes
 
     # memory ----------------------------------------------------------------------------
-    def memory_meter(self):
-        """Start measuring the running worker's memory; returns `stop`, which returns
-        (peak bytes above the usage at the start, source) or (None, None).
-
-        Everything is read by this (trusted) process from the kernel, never from the worker:
-        * "cgroup": the worker's memory cgroup, all its processes together. cgroup v2's
-          memory.peak is reset for our own open descriptor (Linux 6.12 and later), so the
-          peak is the call's alone; where that write is refused, the peak can only be seen
-          when the call raises the cgroup's lifetime peak, and a rise is what is reported
-          (a lower bound: never more than the call used). v1's max_usage_in_bytes is reset.
-        * "process": without a sandbox (a learner checking their own work), the worker
-          process's VmHWM, reset through /proc/PID/clear_refs; processes the learner's code
-          starts are not counted there.
-        """
-        none = lambda: (None, None)  # noqa: E731
-        if self.proc is None:
-            return none
+    def _memory_baseline(self) -> dict | None:
+        """The running worker's memory now, read from the kernel: taken once per worker, after it
+        has imported its libraries and before the load request, when no learner code has run in
+        it (a warm worker: after it was moved into its own cgroup). None where it cannot be read."""
         try:
             if self._cgroup is not None:
-                return self._cgroup_meter(self._cgroup)
-            if self.sandbox is None:
-                return self._process_meter(self.proc.pid)
-        except (OSError, ValueError):
+                return {"generation": self.generation, "cgroup": self._cgroup, "bytes": _cgroup_usage(self._cgroup)}
+            if not isinstance(self.proc, subprocess.Popen):
+                return None  # a warm worker is measured only through its cgroup
+            # unsandboxed, the worker is our child; sandboxed, the Python process below bubblewrap
+            pid = self.proc.pid if self.sandbox is None else sandboxed_worker_pid(self.proc.pid)
+            if pid is not None:
+                return {"generation": self.generation, "pid": pid, "bytes": _proc_status(pid, "VmRSS")}
+        except (OSError, ValueError, IndexError):
             pass
-        return none
+        return None
+
+    def memory_meter(self):
+        """Start measuring the running worker's memory; returns `stop`, which returns
+        (peak, held, source): the most memory the worker used during the call and the memory it
+        held when the call started, both in bytes above its baseline, or (None, None, None).
+
+        The baseline is the worker's memory before the learner's code was loaded (see
+        `ensure_started`), a level no learner code has influenced. So whatever the learner's
+        code holds when the call starts (arrays kept since loading or from an earlier call,
+        files in /tmp or /dev/shm, a child process) counts as the call's, and freeing it inside
+        the call hides nothing. Everything is read by this (trusted) process from the kernel:
+        * "cgroup": the worker's memory cgroup, all its processes together, tmpfs included.
+          v1's max_usage_in_bytes, and v2's memory.peak for our own open descriptor (Linux
+          6.12 and later), are reset when the call starts. Where v2 refuses that reset, only
+          the cgroup's lifetime peak can be read: it is reported whole (at least the call's
+          peak, and nothing the learner can lower), so it may count a peak from before the call.
+        * "process": without a cgroup (a learner's `check`, or a sandbox where no cgroup can be
+          made), the worker process's VmHWM, reset through /proc/PID/clear_refs when the call
+          starts; the processes the learner's code starts are not counted there.
+        """
+        none = lambda: (None, None, None)  # noqa: E731
+        base = self._baseline
+        if self.proc is None or base is None or base["generation"] != self.generation:
+            return none
+        try:
+            if "cgroup" in base:
+                if base["cgroup"] != self._cgroup:
+                    return none
+                return self._cgroup_meter(self._cgroup, base["bytes"])
+            return self._process_meter(base["pid"], base["bytes"])
+        except (OSError, ValueError, IndexError):
+            return none
 
     @staticmethod
-    def _cgroup_meter(path: str):
+    def _cgroup_meter(path: str, base: int):
         def read(name: str) -> int:
-            with open(os.path.join(path, name), "rb") as f:
-                return int(f.read(64).split()[0])
+            return _read_int(os.path.join(path, name))
 
+        def above(n: int) -> int:
+            return max(n - base, 0)
+
+        failed = (None, None, None)
         peak_file = os.path.join(path, "memory.peak")
-        if os.path.exists(peak_file):
+        if os.path.exists(peak_file):  # cgroup v2
+            fd = -1
             try:
                 fd = os.open(peak_file, os.O_RDWR | os.O_CLOEXEC)
+                os.write(fd, b"reset\n")
             except OSError:
-                fd = -1
-            if fd >= 0:
-                try:
-                    os.write(fd, b"reset\n")
-                except OSError:
+                if fd >= 0:
                     os.close(fd)
-                    fd = -1
-            start = read("memory.current")
+                fd = -1
+            try:
+                start = read("memory.current")
+            except (OSError, ValueError, IndexError):
+                if fd >= 0:
+                    os.close(fd)
+                raise
             if fd >= 0:
                 def stop():
                     try:
-                        return max(int(os.pread(fd, 64, 0).split()[0]) - start, 0), "cgroup"
+                        return above(int(os.pread(fd, 64, 0).split()[0])), above(start), "cgroup"
                     except (OSError, ValueError, IndexError):
-                        return None, None
+                        return failed
                     finally:
                         os.close(fd)
                 return stop
-            before = read("memory.peak")
 
             def stop_lifetime():
                 try:
-                    after = read("memory.peak")
+                    return above(read("memory.peak")), above(start), "cgroup"
                 except (OSError, ValueError, IndexError):
-                    return None, None
-                return (max(after - start, 0) if after > before else 0), "cgroup"
+                    return failed
             return stop_lifetime
-        # cgroup v1: the trusted side may reset the high-water mark
-        _write_int = os.path.join(path, "memory.max_usage_in_bytes")
-        with open(_write_int, "w") as f:
+        # cgroup v1: the trusted side may reset the high-water mark to the current usage
+        with open(os.path.join(path, "memory.max_usage_in_bytes"), "w") as f:
             f.write("0")
         start = read("memory.usage_in_bytes")
 
         def stop_v1():
             try:
-                return max(read("memory.max_usage_in_bytes") - start, 0), "cgroup"
+                return above(read("memory.max_usage_in_bytes")), above(start), "cgroup"
             except (OSError, ValueError, IndexError):
-                return None, None
+                return failed
         return stop_v1
 
     @staticmethod
-    def _process_meter(pid: int):
-        def status(field: str) -> int:
-            with open(f"/proc/{pid}/status", "rb") as f:
-                for line in f.read(1 << 16).splitlines():
-                    if line.startswith(field.encode() + b":"):
-                        return int(line.split()[1]) * 1024
-            raise ValueError(field)
-
+    def _process_meter(pid: int, base: int):
         with open(f"/proc/{pid}/clear_refs", "w") as f:
             f.write("5")  # the peak resident set becomes the current one
-        start = status("VmRSS")
+        start = _proc_status(pid, "VmRSS")
 
         def stop():
             try:
-                return max(status("VmHWM") - start, 0), "process"
+                return max(_proc_status(pid, "VmHWM") - base, 0), max(start - base, 0), "process"
             except (OSError, ValueError, IndexError):
-                return None, None
+                return None, None, None
         return stop
 
     # requests --------------------------------------------------------------------------
@@ -519,12 +597,38 @@ class Submission:
         self.ensure_started()
         return self._request(req, name=name)
 
-    def decode(self, value, name: str = ""):
+    def returned(self, name: str, value):
+        """Note `value` as the last one the learner's side returned (see Grader._replay); return it."""
+        self.last_returned = (name, value)
+        return value
+
+    def allowed_devices(self, sent=(), *, on_handle: bool = False, device_check: bool = False) -> frozenset:
+        """The devices a reply to a request may hold tensors on: the CPU and the devices the request
+        sent (`sent`, `device_key` names); for a call on a handle (a module the checks moved), every
+        device sent so far; the meta device only where the request asked for it (a device check, or
+        meta tensors sent)."""
+        allowed = {"cpu", *sent}
+        if on_handle:
+            allowed |= self.devices_sent
+        allowed.discard("meta")
+        if device_check or "meta" in sent:
+            allowed.add("meta")
+        return frozenset(allowed)
+
+    def decode(self, value, name: str = "", devices=None):
+        """A reply's value as Python data; `devices`: see `allowed_devices` (default: the CPU and
+        whatever was sent before, never meta). Whatever in it cannot be decoded is the learner's."""
+        if devices is None:
+            devices = self.allowed_devices(on_handle=True)
+        decoder = P.Decoder(self._handle, max_depth=self.limits.reply_depth, max_dims=self.limits.array_dims,
+                            devices=devices)
         try:
-            return self._decode(value)
+            return decoder(value)
         except P.CodecError as exc:
             raise BoundaryError(name, str(exc)) from None
-        except (ValueError, TypeError, MemoryError, RecursionError):
+        except GradingError:
+            raise
+        except Exception:  # noqa: BLE001 - decoding is a function of the worker's bytes only
             raise BoundaryError(name, "the grading process sent a malformed value") from None
 
     def _handle(self, info):
@@ -555,8 +659,26 @@ class Submission:
         return "\n".join(p for p in parts if p)
 
 
+_MODULE_METHODS: frozenset | None = None
+
+
+def _module_methods() -> frozenset:
+    """The public methods of torch.nn.Module (eval, train, to, state_dict, forward...)."""
+    global _MODULE_METHODS
+    if _MODULE_METHODS is None:
+        import torch
+
+        _MODULE_METHODS = frozenset(n for n in dir(torch.nn.Module)
+                                    if not n.startswith("_") and callable(getattr(torch.nn.Module, n, None)))
+    return _MODULE_METHODS
+
+
 class RemoteObject:
-    """A handle to an object that lives in the worker (a module, a bound method...)."""
+    """A handle to an object that lives in the worker (a module, a bound method...).
+
+    An attribute read through it that torch.nn.Module defines as a method (eval, to, state_dict...)
+    must come back as a method (a handle): a check calls it, and data there is refused as the
+    learner's (a BoundaryError), never a crash in the check."""
 
     def __init__(self, sub: Submission, hid: int, label: str, gen: int):
         self._sub, self._id, self._label, self._gen = sub, hid, label, gen
@@ -573,7 +695,11 @@ class RemoteObject:
         if attr.startswith("__"):
             raise AttributeError(attr)
         sub, label = self._sub, f"{self._label}.{attr}"
-        return sub.decode(sub.request({"op": P.OP_GETATTR, "target": self._target(), "attr": attr}, name=label), label)
+        value = sub.decode(sub.request({"op": P.OP_GETATTR, "target": self._target(), "attr": attr}, name=label), label)
+        if attr in _module_methods() and not isinstance(value, RemoteObject):
+            # a check that reads .eval, .to, .state_dict... calls it: data there is the learner's doing
+            raise BoundaryError(label, f"`{label}` is a {type(value).__name__}, not the method torch.nn.Module has")
+        return sub.returned(label, value)
 
     def __repr__(self):
         return f"<remote {self._label}>"
@@ -582,8 +708,12 @@ class RemoteObject:
 @dataclass
 class MemoryUse:
     output: object
-    peak_bytes: int | None  # the call's peak above the worker's usage when it started
+    # the most memory the worker used during the call, above its memory before the learner's
+    # code was loaded; None when it cannot be measured here
+    peak_bytes: int | None
     source: str | None      # "cgroup", "process", or None when it cannot be measured here
+    held_bytes: int | None = None  # of that, what the worker already held when the call started
+    self_check: bool = False  # a learner's own check: what cannot be measured here shows no points
 
 
 @dataclass
@@ -593,12 +723,39 @@ class GradResult:
     param_grads: dict
 
 
+def devices_in(value, depth: int = 0) -> set:
+    """The devices (`protocol.device_key` names) of every tensor, torch.device and device name
+    ("cuda", "cuda:1", "meta"...) in a value the trusted side sends (tuples, lists and dicts walked)."""
+    if isinstance(value, str):
+        return {P.device_key(value)} if P.DEVICE_RE.match(value) else set()
+    torch = sys.modules.get("torch")
+    if torch is None or depth > 32:
+        return set()
+    if isinstance(value, torch.Tensor):
+        return {P.device_key(value.device)}
+    if isinstance(value, torch.device):
+        return {P.device_key(value)}
+    if isinstance(value, (tuple, list)):
+        return set().union(*(devices_in(v, depth + 1) for v in value))
+    if isinstance(value, dict):
+        return set().union(*(devices_in(v, depth + 1) for v in value.values()))
+    return set()
+
+
+def _sent(sub: Submission, target: dict, *values, device_check: bool = False) -> frozenset:
+    """Note the devices a request sends; the devices its reply may hold tensors on."""
+    sent = devices_in(values)
+    sub.devices_sent |= sent
+    return sub.allowed_devices(sent, on_handle="handle" in target, device_check=device_check)
+
+
 def _call(sub: Submission, target: dict, name: str, args, kwargs, device_check: bool = False):
     req = {"op": P.OP_CALL, "target": target, "args": sub.encode(tuple(args))[P.TAG_TUPLE],
            "kwargs": sub.encode(dict(kwargs))[P.TAG_DICT]}
     if device_check:
         req["device_check"] = True
-    return sub.decode(sub.request(req, name=name), name)
+    allowed = _sent(sub, target, args, kwargs, device_check=device_check)
+    return sub.returned(name, sub.decode(sub.request(req, name=name), name, allowed))
 
 
 class Learner:
@@ -638,7 +795,8 @@ class Learner:
 
     def memory_peak(self, target, *args, **kwargs) -> MemoryUse:
         """Call `target` and measure, from this process, the worker's peak memory during the
-        call (all of its processes where it has a cgroup); see `Submission.memory_meter`."""
+        call (all of its processes where it has a cgroup) above its memory before the learner's
+        code was loaded; see `Submission.memory_meter`."""
         sub = self._sub
         tgt, label = self._target(target)
         sub.ensure_started()
@@ -648,8 +806,8 @@ class Learner:
         except BaseException:
             stop()
             raise
-        peak, source = stop()
-        return MemoryUse(output, peak, source)
+        peak, held, source = stop()
+        return MemoryUse(output, peak, source, held, sub.self_check)
 
     def with_grad(self, target, *args, cotangents=(), params=False, **kwargs) -> GradResult:
         sub = self._sub
@@ -662,10 +820,14 @@ class Learner:
             "cotangents": sub.encode(tuple(cotangents))[P.TAG_TUPLE],
             "params": bool(params),
         }
+        allowed = _sent(sub, tgt, args, kwargs, cotangents)
         value = sub.request(req, name=label)
         if type(value) is not dict or set(value) != {"output", "arg_grads", "param_grads"}:
             raise BoundaryError(label, "malformed gradient reply")
-        arg_grads, param_grads = sub.decode(value["arg_grads"], label), sub.decode(value["param_grads"], label)
+        arg_grads = sub.decode(value["arg_grads"], label, allowed)
+        param_grads = sub.decode(value["param_grads"], label, allowed)
         if type(arg_grads) is not list or type(param_grads) is not dict:
             raise BoundaryError(label, "malformed gradient reply")
-        return GradResult(sub.decode(value["output"], label), arg_grads, param_grads)
+        out = GradResult(sub.decode(value["output"], label, allowed), arg_grads, param_grads)
+        sub.returned(label, out.output)
+        return out

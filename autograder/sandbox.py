@@ -78,7 +78,7 @@ INSTALL_HINT = "sudo apt-get install -y bubblewrap"
 ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "nsswitch.conf", "localtime", "host.conf")
 
 CGROUP_ENV = "AUTOGRADER_CGROUP_PARENT"  # a folder to create worker cgroups in, or "none"
-CGROUP_PREFIX = "autograder-w"           # worker cgroups: autograder-w<pid>-<n>-<random>
+CGROUP_PREFIX = "autograder-w"           # worker cgroups: autograder-w<pid>-<random>
 CGROUP_STALE_SECONDS = 30.0              # an unlocked worker cgroup older than this is a dead grader's
 
 class SandboxUnavailable(RuntimeError):
@@ -206,7 +206,7 @@ class MemoryCgroups:
     Delegate=yes expects); our own cgroup v1 memory folder. Each candidate must be writable
     and pass a trial (create a child, set its limit, remove it).
 
-    `create` makes ``PARENT/autograder-w<pid>-<n>-<random>``, holds an flock on it while it
+    `create` makes ``PARENT/autograder-w<pid>-<random>``, holds an flock on it while it
     lives (so another grader never takes it for stale), and sets the limit: v2 memory.max,
     memory.swap.max = 0; v1 memory.limit_in_bytes and memory.memsw.limit_in_bytes (or
     memory.swappiness = 0 where swap is not accounted). Beyond the limit the kernel kills
@@ -219,7 +219,6 @@ class MemoryCgroups:
 
     def __init__(self, parent: str, version: int, how: str):
         self.parent, self.version, self.how = parent, version, how
-        self._seq = 0
         self._lock = threading.Lock()
         self._live: dict[str, int] = {}   # path -> locked directory fd
         self._pending: set[str] = set()   # released, but could not be removed yet
@@ -293,9 +292,9 @@ class MemoryCgroups:
     def create(self, limit: int) -> str:
         """A new, empty, locked cgroup with the memory limit set; its folder."""
         self.retry_pending()
-        with self._lock:
-            self._seq += 1
-            name = f"{CGROUP_PREFIX}{os.getpid()}-{self._seq}-{secrets.token_hex(3)}"
+        # No counter in the name: a warm worker sees its cgroup's name (/proc/self/cgroup, relative
+        # to the template's), and a count would tell it how many workers were started before it.
+        name = f"{CGROUP_PREFIX}{os.getpid()}-{secrets.token_hex(6)}"
         path = os.path.join(self.parent, name)
         os.mkdir(path, 0o755)
         fd = -1
@@ -518,17 +517,19 @@ class Sandbox:
 
     # ----------------------------------------------------------------------------------
     def wrap(self, argv_tail: list[str], *, files, env: dict,
-             notebook: str | Path | None = None, extra_fds: tuple[int, ...] = ()) -> Wrapped:
+             notebook: str | Path | None = None, extra_fds: tuple[int, ...] = (), chdir: str = "/tmp") -> Wrapped:
         """The command line that runs `python -I /grader/FILES[0] *argv_tail` in the sandbox.
 
         Each of `files` (the worker script first) is copied read-only into /grader. Call the
-        result's `release` once the process has ended (it removes the worker's cgroup)."""
+        result's `release` once the process has ended (it removes the worker's cgroup).
+        `chdir` is the working folder of the sandbox's processes, bubblewrap's own included (the
+        warm start's template asks for "/": it must hold nothing of /tmp)."""
         close: list[int] = []
         cgroup = None
         try:
             if self.cgroups is not None:
                 cgroup = self.cgroups.create(self.limits.sandbox_memory_bytes)
-            a, uid = self._argv(argv_tail, files, env, notebook, close, cgroup)
+            a, uid = self._argv(argv_tail, files, env, notebook, close, cgroup, chdir)
         except BaseException:
             for fd in close:
                 os.close(fd)
@@ -539,7 +540,8 @@ class Sandbox:
         return Wrapped(argv=a, pass_fds=tuple(list(extra_fds) + close), env={"PATH": "/usr/bin:/bin"}, cwd="/",
                        close_fds=close, uid=uid, cgroup=cgroup, release=release)
 
-    def _argv(self, argv_tail, files, env, notebook, close: list[int], cgroup: str | None) -> tuple[list, int | None]:
+    def _argv(self, argv_tail, files, env, notebook, close: list[int], cgroup: str | None,
+              chdir: str = "/tmp") -> tuple[list, int | None]:
         # The first process: join the worker's cgroup, volunteer for the OOM killer, become bwrap.
         if cgroup is not None:
             a: list = [self.sh, "-c", 'echo $$ > "$1" && echo 1000 > /proc/self/oom_score_adj && shift && exec "$@"',
@@ -611,7 +613,7 @@ class Sandbox:
             a += ["--dev-bind", dev, dev]
         if self.gpu_devices:
             a += ["--ro-bind", "/sys", "/sys"]
-        a += ["--remount-ro", "/", "--chdir", "/tmp"]
+        a += ["--remount-ro", "/", "--chdir", chdir]
         uid = None
         if self.root_mode:
             uid = self.uids.take()

@@ -59,6 +59,7 @@ PER_LINUX, PER_QUERY = 0x0, 0xFFFFFFFF
 CLONE_PARENT = 0x00008000
 F_SETOWN, F_SETSIG, F_SETOWN_EX = 8, 10, 15
 FIOSETOWN, SIOCSPGRP = 0x8901, 0x8902
+AF_INET, AF_INET6 = 2, 10
 
 # Blocked families: (why, names). A name missing from an architecture's table (iopl on
 # aarch64) simply does not exist there.
@@ -115,6 +116,7 @@ X86_64: dict[str, int] = {
     # the warm start's child filter (`child_program`)
     "kill": 62, "tkill": 200, "tgkill": 234, "rt_sigqueueinfo": 129, "rt_tgsigqueueinfo": 297, "pidfd_open": 434,
     "pidfd_send_signal": 424, "fcntl": 72, "ioctl": 16, "shmget": 29, "semget": 64, "msgget": 68, "mq_open": 240,
+    "socket": 41,
 }
 AARCH64: dict[str, int] = {
     "clone": 220, "clone3": 435, "personality": 92,
@@ -133,6 +135,7 @@ AARCH64: dict[str, int] = {
     "settimeofday": 170, "clock_settime": 112, "adjtimex": 171, "clock_adjtime": 266,
     "kill": 129, "tkill": 130, "tgkill": 131, "rt_sigqueueinfo": 138, "rt_tgsigqueueinfo": 240, "pidfd_open": 434,
     "pidfd_send_signal": 424, "fcntl": 25, "ioctl": 29, "shmget": 194, "semget": 190, "msgget": 186, "mq_open": 180,
+    "socket": 198,
 }
 TABLES = {AUDIT_ARCH_X86_64: X86_64, AUDIT_ARCH_AARCH64: AARCH64}
 ARCH_NAMES = {AUDIT_ARCH_X86_64: "x86_64", AUDIT_ARCH_AARCH64: "aarch64"}
@@ -236,6 +239,8 @@ CHILD_RULES = {
     "clone with CLONE_PARENT": "EPERM: a sibling of the worker would be the template's child",
     "shmget, semget, msgget, mq_open": "EPERM: SysV IPC objects and POSIX message queues outlive their "
                                        "processes in the namespace the next learner shares",
+    "socket AF_INET, AF_INET6": "EPERM: the network namespace is the template's, shared by the next learner, "
+                                "and keeps traces of closed connections (TIME_WAIT ports, counters)",
 }
 
 
@@ -255,6 +260,7 @@ def child_program(protected: tuple[int, ...] | list[int]) -> bytes:
         a.jump(BPF_JEQ, t["fcntl"], p + "fcntl")
         a.jump(BPF_JEQ, t["ioctl"], p + "ioctl")
         a.jump(BPF_JEQ, t["clone"], p + "clone")
+        a.jump(BPF_JEQ, t["socket"], p + "socket")
         for name in CHILD_DENIED:
             a.jump(BPF_JEQ, t[name], p + "eperm")
         a.ret(SECCOMP_RET_ALLOW)
@@ -281,6 +287,11 @@ def child_program(protected: tuple[int, ...] | list[int]) -> bytes:
         a.label(p + "clone")
         a.ld(OFF_ARG0_LO)
         a.jump(BPF_JSET, CLONE_PARENT, p + "eperm", 0)
+        a.ret(SECCOMP_RET_ALLOW)
+        a.label(p + "socket")
+        a.ld(OFF_ARG0_LO)
+        for v in (AF_INET, AF_INET6):
+            a.jump(BPF_JEQ, v, p + "eperm")
         a.ret(SECCOMP_RET_ALLOW)
         a.label(p + "eperm")
         a.ret(SECCOMP_RET_ERRNO | errno.EPERM)

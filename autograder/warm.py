@@ -5,7 +5,7 @@ once. It is started in the sandbox exactly as a worker is (bubblewrap, the secco
 the sandbox uid, RLIMITs, a memory cgroup of its own), imports NumPy and torch, and waits on
 a private socket (`worker.template_main`). For each submission the trusted side (this
 module, in the grader's process) passes it the submission's three pipes with SCM_RIGHTS; the
-template wipes /tmp and /dev/shm and forks a worker, which:
+template forks a worker, which:
 
 * starts a session of its own and closes every descriptor but its pipes;
 * loads a second seccomp filter (`seccomp.child_program`): no signal, pidfd, F_SETOWN or
@@ -19,10 +19,20 @@ template wipes /tmp and /dev/shm and forks a worker, which:
 
 When the submission ends the trusted side kills that cgroup's processes and waits until it is
 empty (else the template is thrown away: its PID namespace, and all in it, dies with it), so
-nothing of one learner is alive when the next worker is forked. The trusted side never trusts
-the template either: its replies are bounded, checked and timed; one that is late, malformed,
-could not wipe, or whose cgroup holds a process it should not, is killed and replaced by a
-fresh one, and the time that takes is not counted against the learner being graded.
+nothing of one learner is alive when the next worker is forked. Then it cleans up after that
+learner from outside the sandbox, as part of that learner's grading time (`Template.renew`):
+a helper process (root, not in the sandbox, not a child of the template) enters the
+template's mount namespace, unmounts /tmp and /dev/shm (which fails if anything still uses
+them) and mounts new empty ones, and resets the PID namespace's last pid, so the next worker
+gets the same pid whatever the learner before forked. The template itself never reads or
+holds anything a learner produced (no listing, no wipe, no file of theirs): every worker is
+forked from the same state.
+
+The trusted side never trusts the template either: its replies are bounded, checked and
+timed; one that is late, malformed, whose worker did not get the expected pid, whose
+folders could not be replaced, or whose cgroup holds a process it should not, is killed and
+replaced by a fresh one, and the time that takes is not counted against the learner being
+graded.
 """
 
 from __future__ import annotations
@@ -35,6 +45,7 @@ import select
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -42,10 +53,53 @@ from pathlib import Path
 log = logging.getLogger("autograder")
 
 TEMPLATE_FILES = tuple(Path(__file__).resolve().parent / name for name in ("worker.py", "protocol.py", "seccomp.py"))
-SPAWN_SECONDS = 15.0   # a fork and a wipe of two 64 MiB tmpfs; a template that takes longer is replaced
+SPAWN_SECONDS = 15.0   # a fork; a template that takes longer is replaced
+RENEW_SECONDS = 30.0   # replacing /tmp and /dev/shm: kernel time that grows with the files left there
+BUSY_SECONDS = 2.0     # how long an unmount may find /tmp busy (a process still ending) before it gives up
 START_SECONDS = 120.0  # a template's start (Python and torch) on a loaded machine
 EMPTY_SECONDS = 5.0    # how long a worker's cgroup may take to empty after it was killed
 MESSAGE_BYTES = 4096
+WRITABLE = ("/tmp", "/dev/shm")  # every place the sandbox lets learner code write to
+
+# The renewal helper: `python -I -S -c RENEW PIDFD LAST_PID BUSY_SECONDS PATH SIZE [PATH SIZE...]`, run
+# by the trusted side as root, outside the sandbox. It enters the template's mount and PID
+# namespaces through a pidfd of the template (which cannot be a recycled pid), replaces each
+# PATH by a new empty tmpfs of SIZE bytes (as bubblewrap's --size/--perms 1777 --tmpfs), and
+# sets the namespace's last pid to LAST_PID, so the next fork gets LAST_PID + 1. It reads
+# nothing in the sandbox: unmounting frees whatever was there in one step, names unread.
+RENEW = r'''
+import ctypes, errno, os, sys, time
+CLONE_NEWNS, CLONE_NEWPID, MS_NOSUID, MS_NODEV, UMOUNT_NOFOLLOW = 0x00020000, 0x20000000, 2, 4, 8
+libc = ctypes.CDLL(None, use_errno=True)
+def check(ok, what):
+    if not ok:
+        sys.stdout.write(f"{what}: {os.strerror(ctypes.get_errno())}")
+        sys.exit(1)
+pidfd, last, busy = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+# ns_last_pid acts on the PID namespace of the process that writes it: opened here, written by
+# a child born in the template's namespace (/proc/sys is read-only inside the sandbox)
+last_pid = os.open("/proc/sys/kernel/ns_last_pid", os.O_WRONLY | os.O_CLOEXEC)
+check(libc.setns(pidfd, CLONE_NEWNS | CLONE_NEWPID) == 0, "setns")
+for i in range(4, len(sys.argv), 2):
+    path, size, deadline = sys.argv[i].encode(), int(sys.argv[i + 1]), time.monotonic() + busy
+    while libc.umount2(path, UMOUNT_NOFOLLOW) != 0:  # EBUSY while a dying process still holds it
+        check(ctypes.get_errno() == errno.EBUSY and time.monotonic() < deadline, "umount " + sys.argv[i])
+        time.sleep(0.005)
+    check(libc.mount(b"tmpfs", path, b"tmpfs", MS_NOSUID | MS_NODEV, b"size=%d,mode=1777" % size) == 0,
+          "mount " + sys.argv[i])
+pid = os.fork()
+if pid == 0:
+    code = 1
+    try:
+        os.write(last_pid, b"%d" % last)
+        code = 0
+    finally:
+        os._exit(code)
+if os.waitpid(pid, 0)[1] != 0:
+    sys.stdout.write("could not set the last pid")
+    sys.exit(1)
+sys.stdout.write("ok")
+'''
 
 
 class TemplateUnavailable(RuntimeError):
@@ -95,8 +149,10 @@ class Child:
         self.ended = False
 
     def end(self) -> None:
-        """Kill everything in the worker's cgroup, wait until it is empty, remove it. If it will
-        not empty, the template (and its PID namespace, with whatever is stuck) is replaced."""
+        """Kill everything in the worker's cgroup, wait until it is empty, clean up after it
+        (`Template.renew`: this learner's time, since the caller is still grading them), remove
+        the cgroup. If it will not empty or the clean-up fails, the template (and its PID
+        namespace, with whatever is stuck) is replaced."""
         if self.ended:
             return
         self.ended = True
@@ -107,6 +163,8 @@ class Child:
             time.sleep(0.002)
         empty = not _procs(self.cgroup)
         os.close(self.pidfd)
+        if empty:
+            self.template.renew(self.generation)  # before the release: the tmpfs pages are uncharged first
         if not cgs.release(self.cgroup) or not empty:
             log.warning("a warm worker's cgroup %s did not empty; starting a fresh template", self.cgroup)
             self.template.discard(self.generation)
@@ -121,6 +179,15 @@ class Template:
     def __init__(self, sandbox, limits, env: dict):
         if sandbox is None or sandbox.cgroups is None:
             raise TemplateUnavailable("the warm start needs the sandbox and a memory cgroup per worker")
+        if not sandbox.root_mode:
+            # cleaning up after a learner means replacing the template's tmpfs mounts from outside
+            raise TemplateUnavailable("the warm start needs the grader to run as root")
+        below = [p for p in (*sandbox.binds, *sandbox.gpu_devices)
+                 if any(p == top or p.startswith(top + "/") for top in WRITABLE)]
+        if below:
+            # a mount below /tmp or /dev/shm would keep them from being unmounted after each learner
+            raise TemplateUnavailable(f"the warm start cannot renew /tmp and /dev/shm: {below[0]} is mounted there "
+                                      "(use a Python installation outside /tmp)")
         self.sandbox, self.limits, self.env = sandbox, limits, dict(env)
         self.proc: subprocess.Popen | None = None
         self.sock: socket.socket | None = None
@@ -130,6 +197,9 @@ class Template:
         self.generation = 0            # which template a Child came from
         self.starts = 0                # templates started (a test sees replacements here)
         self.start_seconds: list[float] = []
+        self.renew_seconds: list[float] = []  # each clean-up after a worker (a test reads the worst)
+        self.fresh = False             # /tmp, /dev/shm and the last pid are as new since the last fork
+        self.pidfd: int | None = None  # the template's, for the renewal helper
         self.hello: dict = {}
         self._release = None
         self._out = None
@@ -146,7 +216,7 @@ class Template:
         w = None
         try:
             w = self.sandbox.wrap(["--template", str(theirs.fileno())], files=TEMPLATE_FILES, env=self.env,
-                                  extra_fds=(theirs.fileno(),))
+                                  extra_fds=(theirs.fileno(),), chdir="/")  # nothing of ours keeps /tmp busy
             self.proc = subprocess.Popen(w.argv, stdin=subprocess.DEVNULL, stdout=out_w, stderr=out_w,
                                          pass_fds=w.pass_fds, cwd=w.cwd, env=w.env, start_new_session=True)
         except BaseException:
@@ -177,7 +247,9 @@ class Template:
         self.host_pid = _host_pid(self.cgroup, hello["pid"])
         if self.host_pid is None:
             raise _Broken("the template's process was not found in its cgroup")
+        self.pidfd = os.pidfd_open(self.host_pid)
         self.known = _procs(self.cgroup)
+        self._renew()  # so that even the first worker gets folders and a pid that the trusted side made
         self.start_seconds.append(time.monotonic() - t0)
 
     def discard(self, generation: int | None = None) -> None:
@@ -185,9 +257,13 @@ class Template:
         with self._lock:
             if generation is not None and generation != self.generation:
                 return
+            self.fresh = False
             if self.sock is not None:
                 self.sock.close()
                 self.sock = None
+            if self.pidfd is not None:
+                os.close(self.pidfd)
+                self.pidfd = None
             if self.proc is not None:
                 from .runner import kill_group
 
@@ -233,15 +309,20 @@ class Template:
             self._launch()
         if _procs(self.cgroup) != self.known:
             raise _Broken("the template's cgroup holds a process it should not")
+        if not self.fresh:
+            self._renew()  # the last worker's clean-up failed or never ran: the grader's time, not a learner's
+        self.fresh = False
         try:
             socket.send_fds(self.sock, [json.dumps({"op": "spawn"}).encode()], list(fds))
         except OSError as exc:
             raise _Broken(f"connection lost ({exc})")
         reply = self._recv(SPAWN_SECONDS)
-        if set(reply) != {"pid", "left"} or type(reply["pid"]) is not int or type(reply["left"]) is not int:
+        if set(reply) != {"pid"} or type(reply["pid"]) is not int:
             raise _Broken("malformed answer")
-        if reply["left"]:
-            raise _Broken(f"{reply['left']} entries were left in /tmp or /dev/shm")
+        if reply["pid"] != self.hello["pid"] + 1:
+            # every worker gets the same pid (the renewal reset the last pid); another one would
+            # tell the learner how many processes were made in the namespace before
+            raise _Broken(f"the forked worker got pid {reply['pid']}, not {self.hello['pid'] + 1}")
         pid = _host_pid(self.cgroup, reply["pid"], parent=self.host_pid)
         if pid is None:
             raise _Broken("the forked worker was not found")
@@ -267,6 +348,48 @@ class Template:
             os.close(pidfd)
             raise
         return Child(self, pid, pidfd, cg, self.generation)
+
+    def _renew(self) -> None:
+        """Replace /tmp and /dev/shm by new empty tmpfs mounts and reset the last pid of the
+        template's PID namespace (the helper `RENEW`, outside the sandbox), or raise _Broken.
+
+        Called when no worker of the template is alive. Unmounting, unlike a wipe, reads no
+        name, and resets what a wipe leaves: the tmpfs's inode numbers (a new file's would
+        count the files made before), its free space and inode counts, the folders' times.
+        Its cost is kernel time that grows with what was left there, bounded by the worker's
+        memory limit (inodes are kernel memory charged to its cgroup); past RENEW_SECONDS
+        the template is replaced instead."""
+        t0 = time.monotonic()
+        lim = self.sandbox.limits
+        argv = [sys.executable, "-I", "-S", "-c", RENEW, str(self.pidfd), str(self.hello["pid"]), str(BUSY_SECONDS),
+                "/tmp", str(lim.sandbox_tmp_bytes), "/dev/shm", str(lim.sandbox_shm_bytes)]
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    pass_fds=(self.pidfd,), cwd="/", env={"PATH": "/usr/bin:/bin"})
+        except OSError as exc:
+            raise _Broken(f"the clean-up helper could not start ({exc})")
+        try:
+            out, _ = proc.communicate(timeout=RENEW_SECONDS + 5)
+        except subprocess.TimeoutExpired:
+            proc.kill()  # it ends when the kernel has finished; nobody waits for it here
+            threading.Thread(target=proc.wait, daemon=True).start()
+            raise _Broken(f"cleaning up after the last worker took more than {RENEW_SECONDS:.0f} s")
+        if proc.returncode != 0 or out != b"ok":
+            raise _Broken(f"cleaning up after the last worker failed: {out[-300:].decode(errors='replace')}")
+        self.fresh = True
+        self.renew_seconds.append(time.monotonic() - t0)
+
+    def renew(self, generation: int) -> None:
+        """Clean up after a worker of template `generation` that has ended (and whose cgroup is
+        empty); a template that cannot be cleaned is replaced."""
+        with self._lock:
+            if generation != self.generation or self.proc is None:
+                return
+            try:
+                self._renew()
+            except (_Broken, OSError) as exc:
+                log.warning("warm start: replacing the template (%s)", exc)
+                self.discard()
 
     def spawn(self, req_r: int, rep_w: int, out_w: int) -> Child:
         """A worker forked for one submission, in its own cgroup, waiting for its load request.

@@ -16,8 +16,9 @@ learner's code. No learner code runs before the load request.
 
 Started as ``python -I worker.py --template CTRL_FD`` it is instead the warm start's
 template (see `autograder.warm`): it imports NumPy and PyTorch once, then, for each
-submission, wipes the sandbox's writable folders and forks a worker that runs `main` on
-the pipes the trusted side passed over CTRL_FD. The template never runs learner code.
+submission, forks a worker that runs `main` on the pipes the trusted side passed over
+CTRL_FD. The template never runs learner code, and never reads what learner code left
+behind: the trusted side cleans the sandbox's writable folders from outside.
 
 This file depends on the standard library, NumPy and PyTorch only (imported before the first
 request with `--preload`, as the grader starts it; otherwise when the learner's code imports it).
@@ -419,8 +420,7 @@ def main(argv: list[str]) -> int:
 
 # --- the warm start's template ---------------------------------------------------------------
 
-PR_SET_DUMPABLE, PR_SET_SECCOMP, PR_SET_NO_NEW_PRIVS, SECCOMP_MODE_FILTER = 4, 22, 38, 2
-WIPED = ("/tmp", "/dev/shm")  # every folder the sandbox lets the learner write to
+PR_SET_DUMPABLE, PR_SET_SECCOMP, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS, SECCOMP_MODE_FILTER = 4, 22, 36, 38, 2
 
 
 def _prctl(*args) -> None:
@@ -442,81 +442,6 @@ def _load_filter(prog: bytes) -> None:
     fprog = Fprog(len(prog) // 8, ctypes.cast(buf, ctypes.c_void_p))
     _prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
     _prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0)
-
-
-def _mount_points() -> set[str]:
-    """Every mount point in this mount namespace (/proc/self/mountinfo, octal escapes undone)."""
-    points = set()
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            fields = line.split()
-            if len(fields) > 4:
-                points.add(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4]))
-    return points
-
-
-def _wipe(top: str) -> int:
-    """Remove everything under `top`, never following a link; how many entries are left.
-
-    The sandbox's own mounts below `top` stay: the folders bubblewrap made to hold a read-only
-    bind (a Python installation under /tmp, say) are emptied of everything else, and the
-    mount points themselves are never entered (learner code cannot mount: the seccomp filter
-    refuses it). Anything else it cannot remove (a tree too deep, say) is counted, and the
-    trusted side then throws the whole template away instead of forking from it."""
-    import stat
-
-    try:
-        mounts = {m for m in _mount_points() if m.startswith(top.rstrip("/") + "/")}
-    except OSError:
-        return 1
-    holders = {os.path.dirname(m) for m in mounts}
-    for m in list(holders):
-        while m.startswith(top.rstrip("/") + "/"):
-            holders.add(m)
-            m = os.path.dirname(m)
-
-    def rm(path: str, depth: int) -> None:
-        if path in mounts:
-            return
-        st = os.lstat(path)
-        if stat.S_ISDIR(st.st_mode):
-            if depth > 64:
-                return
-            try:
-                os.chmod(path, stat.S_IRWXU)  # the learner may have made it unreadable: it is ours (same uid)
-            except OSError:
-                pass  # a folder bubblewrap made for a mount is not: the learner cannot write there either
-            for name in os.listdir(path):
-                try:
-                    rm(os.path.join(path, name), depth + 1)
-                except OSError:
-                    pass
-            if path not in holders:
-                os.rmdir(path)
-        else:
-            os.unlink(path)
-
-    def left(path: str, depth: int) -> int:
-        n = 0
-        for name in os.listdir(path):
-            sub = os.path.join(path, name)
-            if sub in mounts:
-                continue
-            if sub in holders and depth < 64 and not os.path.islink(sub):
-                n += left(sub, depth + 1)
-            else:
-                n += 1
-        return n
-
-    try:
-        for name in os.listdir(top):
-            try:
-                rm(os.path.join(top, name), 0)
-            except OSError:
-                pass
-        return left(top, 0)
-    except OSError:
-        return 1
 
 
 def _shared_writable_mappings() -> int:
@@ -568,9 +493,15 @@ def template_main(ctrl_fd: int) -> int:
     """The warm start's template: import once, then fork one worker per request on CTRL_FD.
 
     Messages are JSON on a SOCK_SEQPACKET socket. The trusted side sends ``{"op": "spawn"}``
-    with three descriptors (requests, replies, output); the template wipes /tmp and /dev/shm
-    (the previous worker's cgroup is empty by then), forks, and answers ``{"pid", "left"}``:
-    the worker's pid in the sandbox and the number of entries the wipe could not remove."""
+    with three descriptors (requests, replies, output); the template forks and answers
+    ``{"pid"}``, the worker's pid in the sandbox.
+
+    The template never reads or holds anything a learner produced: it looks at no file,
+    folder or process a worker could have touched, and the only message it reads is the
+    trusted side's. What a learner leaves behind is removed from outside (`autograder.warm`):
+    the trusted side replaces /tmp and /dev/shm with new empty tmpfs mounts and resets the
+    PID namespace's last pid before each fork. So the template's memory, and every worker
+    forked from it, is the same whatever the learners before did."""
     import json
     import signal
     import socket
@@ -585,6 +516,13 @@ def template_main(ctrl_fd: int) -> int:
 
     _prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # /proc/PID/mem, environ and ptrace of us need CAP_SYS_PTRACE now
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # workers are reaped by the kernel
+    # A learner's orphans come to us, not to the namespace's init, and are reaped by the kernel
+    # at once (SIGCHLD ignored): no process's counters (the CPU time of reaped children, context
+    # switches) keep a trace of what a learner ran, for the next one to read in /proc.
+    _prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    # Hold nothing of /tmp (bubblewrap started us there): the trusted side unmounts it after
+    # every worker, which a process whose working folder it is would keep busy.
+    os.chdir("/")
     me = os.getpid()
     prog = S.child_program(sorted({1, me, os.getpgid(0), os.getsid(0)}))
     Worker.warm = True
@@ -608,7 +546,6 @@ def template_main(ctrl_fd: int) -> int:
                 os.close(fd)
             ctrl.send(json.dumps({"error": "bad request"}).encode())
             continue
-        left = sum(_wipe(top) for top in WIPED)
         sys.stdout.flush()
         sys.stderr.flush()
         pid = -1
@@ -624,7 +561,7 @@ def template_main(ctrl_fd: int) -> int:
             _child(fds, ctrl, prog)
         for fd in fds:
             os.close(fd)
-        ctrl.send(json.dumps({"pid": pid, "left": left} if pid > 0 else {"error": "fork failed"}).encode())
+        ctrl.send(json.dumps({"pid": pid} if pid > 0 else {"error": "fork failed"}).encode())
 
 
 if __name__ == "__main__":

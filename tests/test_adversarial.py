@@ -198,8 +198,11 @@ def test_huge_output_is_capped(batch):
 def test_network_is_unreachable(batch):
     r = _expect(batch, "network", 0.0)
     hints = _hints(r)
-    # loopback is the sandbox's own (refused); the outside world is unreachable
-    assert "NET ConnectionRefusedError:111 OSError:101 OSError:101" in hints and "connected" not in hints
+    # loopback is the sandbox's own (refused); the outside world is unreachable; a worker forked
+    # from a warm template may not open an Internet socket at all (its network namespace is the
+    # template's, which the next learner shares)
+    assert ("NET ConnectionRefusedError:111 OSError:101 OSError:101" in hints
+            or "NET PermissionError:1 PermissionError:1 PermissionError:1" in hints) and "connected" not in hints
     assert batch["listener"].received == []
 
 

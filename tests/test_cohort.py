@@ -94,7 +94,8 @@ def test_a_dask_worker_killed_mid_batch_costs_nothing(sequential):
                       memory_limit=0) as cluster, Client(cluster) as client:
         pids = client.run(os.getpid)
         proc = subprocess.Popen([sys.executable, "-m", "autograder", "grade", str(subs), "--assignment", KEY,
-                                 "--out", str(out), "--seed", SEED, "--json", "--scheduler", cluster.scheduler_address],
+                                 "--out", str(out), "--seed", SEED, "--json", "--scheduler", cluster.scheduler_address,
+                                 "--insecure-scheduler"],  # the test's cluster is plain tcp://
                                 cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 env=dict(os.environ, OMP_NUM_THREADS="1"))
         lines: list[str] = []
@@ -123,6 +124,8 @@ def test_a_dask_worker_killed_mid_batch_costs_nothing(sequential):
     assert _gradebook(out / "gradebook.db") == seq_rows  # each learner once, with the sequential scores
     assert _checks(summary) == _checks(seq)
     assert sum(ln.startswith(("ref_a:", "ref_b:", "slow:", "stub:", "no_scale:", "truncated:")) for ln in lines) == 6
+    # An unauthenticated scheduler, asked for explicitly: used, with a warning that says what it exposes.
+    assert any(ln.startswith("warning: --insecure-scheduler: the Dask scheduler tcp://") for ln in lines)
 
 
 @pytest.mark.parametrize("uses_cuda, workers, wanted", [

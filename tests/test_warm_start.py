@@ -115,7 +115,7 @@ def _clean(seen: dict) -> None:
     assert others == {}, others  # only the namespace's init (bubblewrap) and the template
     assert all(MARKER not in cmd for cmd in seen["procs"].values())
     assert seen["files"] == seen["fresh_files"], (seen["files"], seen["fresh_files"])
-    assert seen["writable"] == ["/dev/shm", "/tmp"]  # the places the template wipes are all there are
+    assert seen["writable"] == ["/dev/shm", "/tmp"]  # the places renewed after each worker are all there are
 
 
 def _attacker(tmp_path, source: str):
@@ -157,6 +157,8 @@ def test_child_filter_decisions(arch):
     assert run("ioctl", 3, S.FIOSETOWN) == eperm and run("ioctl", 3, 0x5401) == allow  # TCGETS
     assert run("clone", 0x01200011) == allow and run("clone", 0x3D0F00) == allow  # fork, a thread
     assert run("clone", 0x01200011 | S.CLONE_PARENT) == eperm
+    # no Internet socket: the network namespace (its TIME_WAIT ports, its counters) is the next learner's too
+    assert run("socket", 2, 1) == eperm and run("socket", 10, 2) == eperm and run("socket", 1, 1) == allow
     assert S.evaluate(prog, arch=arch, nr=t["clone3"]) == allow  # the first filter answers ENOSYS
     assert S.evaluate(prog, arch=0x40000003, nr=37) == S.SECCOMP_RET_KILL_PROCESS  # i386
 
@@ -373,3 +375,262 @@ def test_memory_peak_reads_the_warm_workers_own_cgroup(warm):
         assert small.source == "cgroup" and small.peak_bytes < 50 << 20
         big = learner.memory_peak("big_in_child")
         assert big.source == "cgroup" and big.peak_bytes > 0.9 * (300 << 20), big
+
+
+# --- nothing passes from one learner to the next ----------------------------------------------------
+#
+# The template never reads anything a learner produced, and the trusted side gives every worker
+# the same sandbox: new /tmp and /dev/shm mounts (not wiped ones), the same pid, no process that
+# reaped the learner's orphans. Learner A tries to pass data to the next learner through every
+# shared thing; learner B looks for it, and reports what it saw through its grade.
+
+OBSERVE = r'''
+import hashlib, os, re
+def _read(path):
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        return repr(exc).encode()
+def _stat(pid, keep):
+    fields = _read(f"/proc/{pid}/stat").decode(errors="replace").rsplit(")", 1)[-1].split()
+    return [fields[i] for i in keep if i < len(fields)]
+def observe():
+    """Everything shared with the learner before that this worker can read without timing."""
+    me = os.getpid()
+    out = {"pid": me, "uid": os.getuid(), "cgroup": re.sub(r"[0-9a-f]{6,}", "X", _read("/proc/self/cgroup").decode())}
+    for top in ("/tmp", "/dev/shm"):
+        vfs, st = os.statvfs(top), os.stat(top)
+        out[top] = [sorted(os.listdir(top)), vfs.f_bfree, vfs.f_ffree, st.st_mode, st.st_uid, st.st_nlink, st.st_size]
+        path = os.path.join(top, ".observe")
+        with open(path, "w") as f:
+            out[top].append(os.fstat(f.fileno()).st_ino)  # tmpfs numbers its inodes in order of creation
+        os.unlink(path)
+    out["mounts"] = [" ".join(l.split()[4:]) for l in _read("/proc/self/mountinfo").decode().splitlines()]
+    procs = sorted(p for p in os.listdir("/proc") if p.isdigit() and int(p) != me)
+    out["procs"] = procs
+    for p in procs:
+        # faults, CPU times of the process and of its reaped children, threads, start time
+        keep = range(7, 20) if p == "1" else (8, 10, 13, 14, 17, 19)  # the template's own CPU time runs
+        out[f"stat {p}"] = _stat(p, keep)
+        out[f"cmdline {p}"] = _read(f"/proc/{p}/cmdline").decode(errors="replace")
+    out["init"] = [_read("/proc/1/schedstat"), [l for l in _read("/proc/1/status").decode().splitlines() if "ctxt" in l]]
+    out["init"][0] = out["init"][0].decode(errors="replace")
+    for name in ("snmp", "netstat", "dev", "tcp", "tcp6", "udp", "udp6", "unix", "raw"):
+        out["net " + name] = hashlib.sha256(_read(f"/proc/net/{name}")).hexdigest()
+    for name in ("shm", "sem", "msg"):
+        out["sysv " + name] = _read(f"/proc/sysvipc/{name}").decode(errors="replace")
+    return out
+def fingerprint():
+    return hashlib.sha256(repr(observe()).encode()).hexdigest()
+'''
+
+PASS_ON = r'''
+import ctypes, os, socket, time
+def pass_on(secret=0b1011011):
+    made = []
+    for top in ("/tmp", "/dev/shm"):              # names, contents, sizes, inode counts, folder times
+        for i in range(secret):
+            with open(os.path.join(top, f"bit{i}-MARKER"), "w") as f:
+                f.write("MARKER" * i)
+        os.makedirs(os.path.join(top, "d", *["MARKER"] * 20), exist_ok=True)
+        for i in range(500):
+            os.link(os.path.join(top, "bit1-MARKER"), os.path.join(top, f"link{i}"))
+            os.unlink(os.path.join(top, f"link{i}"))  # the inode numbers go on counting
+    for i in range(secret):                       # pids handed out in the namespace
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+    pid = os.fork()                               # an orphan that burns CPU, reaped by someone else
+    if pid == 0:
+        if os.fork() == 0:
+            end = time.process_time() + 0.2
+            while time.process_time() < end:
+                pass
+            os._exit(0)
+        os._exit(0)
+    os.waitpid(pid, 0)
+    tried = {}
+    for name, make in (("tcp", lambda: socket.socket()), ("udp", lambda: socket.socket(type=socket.SOCK_DGRAM)),
+                       ("tcp6", lambda: socket.socket(socket.AF_INET6))):
+        try:
+            s = make()
+            s.bind(("127.0.0.1" if s.family == socket.AF_INET else "::1", 40000 + secret))
+            tried[name] = "ok"
+        except OSError as exc:
+            tried[name] = exc.errno
+    libc = ctypes.CDLL(None, use_errno=True)
+    tried["shm"] = libc.shmget(0, 4096, 0o1666)
+    return tried
+_tried = pass_on()
+'''
+
+
+def _observe(grader) -> dict:
+    with Submission([{"label": "observe", "source": OBSERVE}], sandbox=grader.sandbox, template=grader.template) as sub:
+        return Learner(sub).observe()
+
+
+def _fingerprint(grader) -> str:
+    with Submission([{"label": "observe", "source": OBSERVE}], sandbox=grader.sandbox, template=grader.template) as sub:
+        return Learner(sub).fingerprint()
+
+
+def _b_that_looks(expected: str):
+    """The reference, plus a first cell that looks at the sandbox before anything else runs and,
+    if it differs from what a worker sees after an honest learner, breaks every function."""
+    import nbformat
+
+    nb = reference_notebook(KEY)
+    nb.cells.insert(0, nbformat.v4.new_code_cell(OBSERVE + "\n_seen = fingerprint()\n"))
+    add_cell(nb, f'''
+def _broken(*args, **kwargs):
+    raise ValueError("this worker saw what the learner before left")
+_names = [n for n, v in list(globals().items()) if callable(v) and getattr(v, "__module__", "") == "__learner__"
+          and not n.startswith("_")]
+_ = [globals().__setitem__(n, _broken) for n in _names] if _seen != {expected!r} else None
+''')
+    return nb
+
+
+def test_a_learner_cannot_pass_anything_to_the_next_through_the_sandbox(warm, alone, tmp_path):
+    honest = write(reference_notebook(KEY), tmp_path / "honest.ipynb")
+    warm.grade(honest, seed=SEED)
+    base = _observe(warm)
+    assert base["pid"] == warm.template.hello["pid"] + 1 and base["/tmp"][0] == [] and base["/dev/shm"][0] == []
+    expected = _fingerprint(warm)
+    assert _observe(warm) == base  # the same after any honest worker
+
+    starts = warm.template.starts
+    attacker = _attacker(tmp_path, PASS_ON)
+    a = warm.grade(attacker, seed=SEED)
+    assert a.status == "graded" and a.score == a.max_score, a
+    after = _observe(warm)
+    assert after == base, {k: (base.get(k), v) for k, v in after.items() if base.get(k) != v}
+
+    # the same, seen by a learner through its grade: B's points do not depend on A
+    b = write(_b_that_looks(expected), tmp_path / "b.ipynb")
+    assert _summary(warm.grade(b, seed=SEED)) == alone[1]  # after an honest worker (the observation above)
+    warm.grade(attacker, seed=SEED)
+    assert _summary(warm.grade(b, seed=SEED)) == alone[1]
+    assert warm.template.starts == starts  # no restart was needed, nor forced
+
+    # and the check can fail: a B that finds what A left (here, told to expect another sandbox) loses points
+    fooled = write(_b_that_looks("0" * 64), tmp_path / "fooled.ipynb")
+    r = warm.grade(fooled, seed=SEED)
+    assert r.score == 0 and "saw what the learner before left" in " ".join(c.hint for c in r.checks)
+
+
+def test_the_internet_sockets_a_learner_tries_are_refused_in_a_warm_worker(warm):
+    with Submission([{"label": "a", "source": PASS_ON.replace("MARKER", MARKER)}], sandbox=warm.sandbox,
+                    template=warm.template) as sub:
+        tried = Learner(sub).pass_on(3)
+    assert tried == {"tcp": errno.EPERM, "udp": errno.EPERM, "tcp6": errno.EPERM, "shm": -1}, tried
+
+
+# --- the template's memory holds nothing of a learner ----------------------------------------------
+
+LEAVE_NAMES = '''
+import os
+def leave():
+    for top in ("/tmp", "/dev/shm"):
+        for i in range(3000):  # more names than the next worker's own start-up reuses the memory of
+            open(os.path.join(top, f"xk7left-SECRET-{i}"), "w").close()
+        os.makedirs(os.path.join(top, "xk7left-SECRET-dir", "xk7left-SECRET-sub"), exist_ok=True)
+    return 1
+_left = leave()
+'''
+
+SEARCH_MEMORY = r'''
+import ctypes, hashlib, os, re
+def search(digest, own):
+    """How many strings xk7left-<32 hex> in this process's writable memory hash to `digest`, how
+    many to `own` (a name this worker listed itself: the search works), and how many bytes were read.
+    A forked worker is not dumpable, so /proc/self/mem is closed to it: the kernel copies each
+    region into a memfd instead (a region unmapped meanwhile fails with EFAULT, not a crash)."""
+    open(os.path.join("/tmp", "xk7left-" + own), "w").close()
+    listed = os.listdir("/tmp")
+    os.unlink(os.path.join("/tmp", "xk7left-" + own))
+    own = hashlib.sha256(own.encode()).hexdigest()
+    pattern = re.compile(rb"xk7left-([0-9a-f]{32})")
+    found = {digest: 0, own: 0}
+    scanned, step = 0, 4 << 20
+    fd = os.memfd_create("scan")
+    with open("/proc/self/maps") as maps:
+        regions = [line.split() for line in maps]
+    for fields in regions:
+        if fields[1][:2] != "rw" or (len(fields) > 5 and fields[5] in ("[vvar]", "[vsyscall]")):
+            continue
+        lo, hi = (int(x, 16) for x in fields[0].split("-"))
+        for start in range(lo, hi, step):
+            try:
+                n = os.pwrite(fd, (ctypes.c_char * min(step + 64, hi - start)).from_address(start), 0)
+            except OSError:
+                continue
+            chunk = os.pread(fd, n, 0)
+            scanned += n
+            for m in pattern.finditer(chunk):
+                h = hashlib.sha256(m.group(1)).hexdigest()
+                if h in found:
+                    found[h] += 1
+    os.close(fd)
+    return [found[digest], found[own], scanned, len(listed)]
+'''
+
+
+def test_the_template_never_holds_a_name_a_learner_left(warm):
+    """A leaves files and folders whose names carry a random marker; the next worker forked from
+    the same template searches its own memory (a copy of the template's) for the marker."""
+    import hashlib
+
+    secret, own = secrets.token_hex(16), secrets.token_hex(16)
+    with Submission([{"label": "a", "source": LEAVE_NAMES.replace("SECRET", secret)}], sandbox=warm.sandbox,
+                    template=warm.template) as sub:
+        assert Learner(sub).leave() == 1
+    generation = warm.template.generation
+    with Submission([{"label": "b", "source": SEARCH_MEMORY}], sandbox=warm.sandbox, template=warm.template) as sub:
+        found, control, scanned, listed = Learner(sub).search(hashlib.sha256(secret.encode()).hexdigest(), own)
+    assert warm.template.generation == generation  # forked from the template A's worker came from
+    assert control >= 1 and scanned > 20 << 20 and listed == 1  # the search sees a name in the heap
+    assert found == 0
+
+
+# --- a learner who fills /tmp pays for the clean-up, and the next learner does not ------------------
+
+FILL = '''
+import os
+def _fill():
+    n = 0
+    for top in ("/tmp", "/dev/shm"):
+        for i in range(5):                     # data up to the tmpfs's size (64 MiB, files of 16 MiB at most)
+            try:
+                with open(os.path.join(top, f"data{i}"), "wb") as f:
+                    f.write(b"x" * (16 << 20))
+            except OSError:
+                break
+        folder = top
+        for i in range(100):                   # deeper than anything walks
+            folder = os.path.join(folder, "d")
+            os.mkdir(folder)
+        for i in range(10000):                 # inodes: kernel memory, not counted in the 64 MiB
+            os.close(os.open(os.path.join(top, f"f{i}"), os.O_CREAT | os.O_WRONLY, 0o600))
+            n += 1
+        os.chmod(os.path.join(top, "d"), 0)
+    return n
+_n = _fill()
+'''
+
+
+def test_a_learner_who_fills_tmp_is_cleaned_up_after_in_its_own_time(warm, alone, tmp_path):
+    """The clean-up after A happens while A is graded (so it is in A's seconds), and the next
+    spawn has nothing left to clean: B's budget never pays for it, and no template is replaced."""
+    starts, renewals = warm.template.starts, warm.template.renew_seconds
+    n = len(renewals)
+    a = warm.grade(_attacker(tmp_path, FILL), seed=SEED)
+    assert a.status == "graded" and a.score == a.max_score, a
+    assert len(renewals) == n + 1  # during A's grading, after A's worker ended
+    _clean(_spy(warm))
+    b = warm.grade(alone[0], seed=SEED)
+    assert _summary(b) == alone[1]
+    assert len(renewals) == n + 3 and warm.template.starts == starts  # one after each worker, nothing more

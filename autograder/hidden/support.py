@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from autograder.runner import GradResult, LearnerError, NotImplementedRemote
+from autograder.runner import GradResult, LearnerError, NotImplementedRemote, RemoteObject
 
 HALF = (torch.float16, torch.bfloat16)
 FLOATS = (torch.float32, torch.float64)
@@ -64,14 +64,54 @@ def _dev_type(device) -> str:
     return torch.device(device).type if device is not None else "cpu"
 
 
-def tensor(x, name: str, *, shape=None, dtype=None, device=None, what: str = "its result"):
-    """`x` as a torch tensor of the given shape, dtype and device type, or a hint saying what is off."""
-    expect(isinstance(x, torch.Tensor), f"`{name}` must return {what} as a torch tensor, not {type(x).__name__}.")
+PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def odd_tensor(x, *, meta: bool = False) -> str:
+    """What makes the tensor `x` unusable as data (the hint's words), or "" for a plain dense tensor
+    with storage; `meta`: a tensor on the meta device is what the check asked for."""
+    if type(x) not in PLAIN:
+        return f"a tensor subclass ({type(x).__name__[:40]})"
+    if x.is_nested:
+        return "a nested tensor"
+    if x.is_quantized:
+        return "a quantised tensor"
+    if x.layout != torch.strided:
+        return f"a sparse tensor ({str(x.layout).replace('torch.', '')})"
+    if x.device.type == "meta" and not meta:
+        return "a tensor without data (on the meta device)"
+    return ""
+
+
+def describe(x) -> str:
+    """A value the learner returned, as a hint names it: its type, and a tensor's dtype and device."""
+    if isinstance(x, torch.Tensor):
+        return odd_tensor(x) or f"a {str(x.dtype).replace('torch.', '')} tensor on {x.device.type}"
+    if isinstance(x, np.ndarray):
+        return f"a NumPy array of {x.dtype}"
+    if x is None:
+        return "None"
+    name = type(x).__name__[:40]
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+
+
+def tensor(x, name: str, *, shape=None, dtype=None, device=None, what: str = "its result", floating: bool = False,
+           meta: bool = False):
+    """`x` as a plain torch tensor with data, of the given shape, dtype and device type, or a hint
+    saying what is off. A tensor without data (meta device) passes only where `device` is "meta"
+    or `meta` is true (the result of a device check); a sparse, nested, quantised or subclassed
+    one never does. `floating`: a floating-point dtype, whatever its width, where no `dtype` is
+    asked for."""
+    expect(isinstance(x, torch.Tensor), f"`{name}` must return {what} as a torch tensor, not {describe(x)}.")
+    odd = odd_tensor(x, meta=meta or (device is not None and _dev_type(device) == "meta"))
+    expect(not odd, f"`{name}` returns {what} as {odd}: return a plain dense tensor.")
     if shape is not None:
         expect(tuple(x.shape) == tuple(shape), f"`{name}` returns {what} of shape {tuple(x.shape)}; "
                                                f"expected {tuple(shape)}.")
     if dtype is not None:
         expect(x.dtype == dtype, f"`{name}` changes the dtype of {what}: {dtype} in, {x.dtype} out.")
+    if floating and dtype is None:
+        expect(x.is_floating_point(), f"`{name}` returns {what} as {describe(x)}: a floating-point tensor is expected.")
     if device is not None:
         expect(x.device.type == _dev_type(device),
                f"`{name}` returns {what} on {x.device.type}, not on its inputs' device ({_dev_type(device)}): "
@@ -81,7 +121,7 @@ def tensor(x, name: str, *, shape=None, dtype=None, device=None, what: str = "it
 
 def array(x, name: str, *, shape=None, what: str = "its result"):
     """`x` as a NumPy array of the given shape, or a hint."""
-    expect(isinstance(x, np.ndarray), f"`{name}` must return {what} as a NumPy array, not {type(x).__name__}.")
+    expect(isinstance(x, np.ndarray), f"`{name}` must return {what} as a NumPy array, not {describe(x)}.")
     if shape is not None:
         expect(tuple(x.shape) == tuple(shape), f"`{name}` returns {what} of shape {tuple(x.shape)}; "
                                                f"expected {tuple(shape)}.")
@@ -110,10 +150,15 @@ def tolerances(dtype, device="cpu") -> tuple[float, float]:
 
 
 def _as_tensor(x):
+    """`x` as a plain tensor with data, or None where it is not one (a meta, sparse, nested,
+    quantised or subclassed tensor, an array of a dtype torch does not take, anything else)."""
     if isinstance(x, torch.Tensor):
-        return x
+        return None if odd_tensor(x) else x
     if isinstance(x, np.ndarray) and x.dtype != object:
-        return torch.from_numpy(np.ascontiguousarray(x))
+        try:
+            return torch.from_numpy(np.ascontiguousarray(x))
+        except (TypeError, ValueError, RuntimeError):
+            return None
     return None
 
 
@@ -121,7 +166,9 @@ def close(actual, expected, device=None, rtol=None, atol=None, equal_nan=False) 
     """True when `actual` is a tensor/array of `expected`'s shape, allclose to it.
 
     Tolerances follow `expected`'s dtype (pass the reference's result cast to a half type to
-    compare a half-precision result) and the device; booleans and integers must be equal."""
+    compare a half-precision result) and the device; booleans and integers must be equal.
+    Either may be a value the learner returned (a property check compares two of them): what
+    is not a plain tensor or array with data is simply not close."""
     a, e = _as_tensor(actual), _as_tensor(expected)
     if a is None or e is None or tuple(a.shape) != tuple(e.shape):
         return False
@@ -234,11 +281,37 @@ def expect_grads(got, expected, names, *, device=None, hint: str = ""):
 
 # --- modules --------------------------------------------------------------------------------
 
+def module(h, name: str):
+    """`h`, what the learner's `name(...)` returned, as a handle to the module it built, or a hint."""
+    expect(isinstance(h, RemoteObject), f"`{name}(...)` must build a module, not return {describe(h)}.")
+    return h
+
+
+def method(h, attr: str, name: str = ""):
+    """The method `attr` of the learner's object `h` (a handle), or a hint when it is not one.
+    (torch.nn.Module's own methods, such as eval or to, are checked this way by the proxy itself.)"""
+    return _member(h, (attr,), "a method", name)
+
+
+def submodule(h, *path: str, name: str = ""):
+    """The learner's submodule `h.path[0].path[1]...` (a handle), or a hint when one step is not a module."""
+    return _member(h, path, "a module", name)
+
+
+def _member(h, path, what: str, name: str):
+    label = name or getattr(h, "_label", "the object")
+    for attr in path:
+        h = getattr(h, attr)
+        label = f"{label}.{attr}"
+        expect(isinstance(h, RemoteObject), f"`{label}` must be {what}, not {describe(h)}.")
+    return h
+
+
 def learner_module(learner, class_name: str, ref_module: torch.nn.Module, *args, **kwargs):
     """The learner's `class_name(*args, **kwargs)`, holding `ref_module`'s weights (a remote handle).
 
     Fails with a hint when the learner's parameters do not have the reference's names and shapes."""
-    h = getattr(learner, class_name)(*args, **kwargs)
+    h = module(getattr(learner, class_name)(*args, **kwargs), class_name)
     sd = h.state_dict()
     expect(isinstance(sd, dict), f"`{class_name}`'s state_dict() is not a dict of tensors.")
     ref_sd = ref_module.state_dict()

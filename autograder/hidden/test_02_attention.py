@@ -25,7 +25,7 @@ import torch
 
 from autograder.hidden.support import (DEVICE_ERRORS, FIXED_DEVICE_HINT, HALF, Hint, close, diagnose, expect,
                                        expect_accepts_cpu_tail, expect_close, expect_device_agnostic, expect_grads,
-                                       learner_grads, learner_module, pair, points, random_mask, reference_grads,
+                                       learner_grads, learner_module, module, pair, points, random_mask, reference_grads,
                                        tensor, vjp)
 from autograder.runner import LearnerError, MissingName, NotImplementedRemote
 
@@ -781,7 +781,7 @@ def test_attn_decoder_dtypes_and_devices(learner, reference, rng, devices):
     y, h, enc = case.inputs(rng, 3, 5)
     mask = _mask(rng, 3, 5)
     if _pieces_device_agnostic(learner, h, enc, case.W.float(), mask):
-        on_meta = learner.AttnDecoder(*case.dims)
+        on_meta = module(learner.AttnDecoder(*case.dims), "AttnDecoder")
         on_meta.to("meta")
         expect_device_agnostic(learner, on_meta, y, h, enc)
         expect_device_agnostic(learner, on_meta, y, h, enc, mask)

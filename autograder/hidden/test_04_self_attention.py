@@ -22,7 +22,7 @@ import torch
 
 from autograder.hidden.support import (DEVICE_ERRORS, FIXED_DEVICE_HINT, HALF, Hint, close, diagnose, expect,
                                        expect_accepts_cpu_tail, expect_device_agnostic, expect_grads, learner_grads,
-                                       learner_module, pair, points, random_mask, tensor, vjp)
+                                       learner_module, module, pair, points, random_mask, tensor, vjp)
 from autograder.runner import LearnerError, NotImplementedRemote
 
 F32, F64 = torch.float32, torch.float64
@@ -287,7 +287,7 @@ def test_self_attention_dtypes_and_devices(learner, reference, rng, devices):
     x, c = case.inputs(rng, 2, 3, 5)
     mask = random_mask(rng, (2, 3, 5))
     case.check(x, mask, c)
-    on_meta = learner.SelfAttention(8, 4, 6)
+    on_meta = module(learner.SelfAttention(8, 4, 6), SA)
     on_meta.to("meta")
     expect_device_agnostic(learner, on_meta, x, mask, c)
 
@@ -520,7 +520,7 @@ def test_positional_encoding_kinds_dtypes_devices(learner, reference, rng, devic
                  ["x", "the learned table pe"],
                  hint="The gradients are wrong: the gradient of x + pe[offset : offset + T] reaches x unchanged "
                       "and rows offset .. offset + T - 1 of a learned table; is the table detached or copied?")
-    on_meta = learner.PositionalEncoding(6, 10, kind="learned")
+    on_meta = module(learner.PositionalEncoding(6, 10, kind="learned"), PE)
     on_meta.to("meta")
     expect_device_agnostic(learner, on_meta, x, 5)
 

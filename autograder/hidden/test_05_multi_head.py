@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from autograder.hidden.support import (HALF, Hint, close, diagnose, expect, expect_device_agnostic, expect_grads,
-                                       learner_grads, learner_module, pair, points, random_mask, tensor, vjp)
+                                       learner_grads, learner_module, module, pair, points, random_mask, tensor, vjp)
 from autograder.runner import LearnerError, MissingName, NotImplementedRemote, RemoteObject
 
 F32, F64 = torch.float32, torch.float64
@@ -596,7 +596,7 @@ def test_mha_dtypes_and_devices(learner, reference, rng, devices):
     mask = random_mask(rng, (2, 1, 3, 4))
     case.check(q, k, v, mask)
     if _pieces_device_agnostic(learner, q, 2):
-        on_meta = learner.MultiHeadAttention(8, 2)
+        on_meta = module(learner.MultiHeadAttention(8, 2), "MultiHeadAttention")
         on_meta.to("meta")
         expect_device_agnostic(learner, on_meta, q, k, v)
         expect_device_agnostic(learner, on_meta, q, k, v, mask=mask)
@@ -806,6 +806,6 @@ def test_gqa_dtypes_and_devices(learner, reference, rng, devices):
     mask = random_mask(rng, (2, 1, 3, 4))
     case.check(q, k, v, mask)
     if _pieces_device_agnostic(learner, q, 4):
-        on_meta = learner.GroupedQueryAttention(8, 4, 2)
+        on_meta = module(learner.GroupedQueryAttention(8, 4, 2), "GroupedQueryAttention")
         on_meta.to("meta")
         expect_device_agnostic(learner, on_meta, q, k, v, mask=mask)

@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 
 from autograder.hidden.support import (DEVICE_ERRORS, FIXED_DEVICE_HINT, Hint, close, diagnose, expect,
-                                       expect_device_agnostic, expect_grads, learner_grads, learner_module, points,
-                                       random_mask, tensor, vjp)
-from autograder.runner import LearnerError, MissingName, NotImplementedRemote
+                                       expect_device_agnostic, expect_grads, learner_grads, learner_module, method,
+                                       module, points, random_mask, submodule, tensor, vjp)
+from autograder.runner import LearnerError, MissingName, NotImplementedRemote, RemoteObject
 
 F32, F64 = torch.float32, torch.float64
 PAD, SOS, EOS = 0, 1, 2
@@ -300,6 +300,9 @@ def _parts_trouble(learner, reference, rng, D, d_ff):
         ref.load_state_dict(sd)
         try:
             h = getattr(learner, cls)(*((D,) if cls == "LayerNorm" else (D, d_ff)))
+            if not isinstance(h, RemoteObject):
+                trouble.append((cls, part, "does not build a module"))
+                continue
             h.to(F64)
             h.eval()
             h.load_state_dict(sd)
@@ -521,7 +524,7 @@ def test_layer_norm_half_precision_and_devices(learner, reference, rng):
         got = tensor(h(x), "LayerNorm", shape=(2, 5, 4), dtype=dtype, what="its output")
         expected = F.layer_norm(x.double(), (4,), sd["weight"].to(dtype).double(), sd["bias"].to(dtype).double(), 1e-5)
         expect(close(got, expected.to(dtype), rtol=tol, atol=tol), LN_HALF)
-    on_meta = learner.LayerNorm(8)
+    on_meta = module(learner.LayerNorm(8), "LayerNorm")
     on_meta.to("meta")
     expect_device_agnostic(learner, on_meta, _randn(rng, 2, 5, 8).float())
 
@@ -730,7 +733,7 @@ def _check_attention_dropout(learner, reference, rng, norm_first):
     layer = _Layer(learner, reference, rng, "DecoderLayer", 8, 2, 16, norm_first, dropout=1.0)
     layer.mod.train()
     for name in ("dropout", "cross_attn", "ff"):
-        getattr(layer.mod, name).eval()
+        submodule(layer.mod, name, name="DecoderLayer").eval()
     x, memory, mem_mask = _dec_inputs(rng, 2, 4, 3, 8)
     args = (x, memory, _causal(4), mem_mask, None)
     out = layer.run(*args)[0]
@@ -938,7 +941,7 @@ class _Model:
         return self.decode(own, tgt_in, memory, src_mask, tgt_mask, mistake=mistake)[0]
 
     def layer(self, stack, i):
-        return getattr(getattr(self.mod, stack), str(i))
+        return submodule(self.mod, stack, str(i), name="Transformer")
 
     def trouble(self):
         """The learner's layers (or parts) that differ from the reference's, as (name, part)."""
@@ -1064,7 +1067,7 @@ def test_transformer_forward_matches_reference(learner, reference, rng):
 
 
 def _learner_decode(m, *args, **kwargs):
-    got = _run(m, "`Transformer.decode`", lambda: m.mod.decode(*args, **kwargs))
+    got = _run(m, "`Transformer.decode`", lambda: method(m.mod, "decode", "Transformer")(*args, **kwargs))
     expect(isinstance(got, (tuple, list)) and len(got) == 2 and isinstance(got[1], (tuple, list))
            and len(got[1]) == m.n_layers, DECODE_RETURN)
     B, T = args[0].shape
@@ -1133,7 +1136,7 @@ def _greedy_here(m, src, max_len, sos=SOS, eos=EOS, pad=PAD, *, cached=False, of
                  no_cache=False, mask=True, early=True, any_stop=False, with_sos=False, first_pos=False, sm=None):
     """Greedy decoding run from here with the learner's own model (its encode and decode); flags make mistakes."""
     sm = (src != pad)[:, None, None, :] if sm is None else sm
-    memory = m.mod.encode(src, sm)
+    memory = method(m.mod, "encode", "Transformer")(src, sm)
     tensor(memory, "Transformer.encode", shape=(*src.shape, m.D), dtype=F64, what="the memory (B, S, D)")
     B = src.shape[0]
     ys = torch.full((B, 1), sos, dtype=torch.long)
