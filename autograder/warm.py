@@ -61,14 +61,18 @@ EMPTY_SECONDS = 5.0    # how long a worker's cgroup may take to empty after it w
 MESSAGE_BYTES = 4096
 WRITABLE = ("/tmp", "/dev/shm")  # every place the sandbox lets learner code write to
 
-# The renewal helper: `python -I -S -c RENEW PIDFD LAST_PID BUSY_SECONDS PATH SIZE [PATH SIZE...]`, run
-# by the trusted side as root, outside the sandbox. It enters the template's mount and PID
-# namespaces through a pidfd of the template (which cannot be a recycled pid), replaces each
-# PATH by a new empty tmpfs of SIZE bytes (as bubblewrap's --size/--perms 1777 --tmpfs), and
-# sets the namespace's last pid to LAST_PID, so the next fork gets LAST_PID + 1. It reads
-# nothing in the sandbox: unmounting frees whatever was there in one step, names unread.
+# The renewal helper: `python -I -S -c RENEW PIDFD LAST_PID BUSY_SECONDS SPECS`, run by the
+# trusted side as root, outside the sandbox. SPECS is JSON: [[PATH, SIZE, [KEEP...]], ...]. It
+# enters the template's mount and PID namespaces through a pidfd of the template (which cannot
+# be a recycled pid), replaces each PATH by a new empty tmpfs of SIZE bytes (as bubblewrap's
+# --size/--perms 1777 --tmpfs), and sets the namespace's last pid to LAST_PID, so the next fork
+# gets LAST_PID + 1. It reads nothing in the sandbox: unmounting frees whatever was there in one
+# step, names unread. A KEEP is one of the sandbox's read-only mounts below PATH (a Python
+# installation under /tmp): it is cloned first (open_tree), PATH is then detached with what is
+# mounted below it, and the clone is attached at the same place in the new tmpfs, in folders
+# the helper makes (root's, mode 0755, as bubblewrap made them).
 RENEW = r'''
-import ctypes, errno, os, sys, time
+import ctypes, errno, json, os, sys, time
 CLONE_NEWNS, CLONE_NEWPID, MS_NOSUID, MS_NODEV, UMOUNT_NOFOLLOW = 0x00020000, 0x20000000, 2, 4, 8
 libc = ctypes.CDLL(None, use_errno=True)
 def check(ok, what):
@@ -80,13 +84,30 @@ pidfd, last, busy = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
 # a child born in the template's namespace (/proc/sys is read-only inside the sandbox)
 last_pid = os.open("/proc/sys/kernel/ns_last_pid", os.O_WRONLY | os.O_CLOEXEC)
 check(libc.setns(pidfd, CLONE_NEWNS | CLONE_NEWPID) == 0, "setns")
-for i in range(4, len(sys.argv), 2):
-    path, size, deadline = sys.argv[i].encode(), int(sys.argv[i + 1]), time.monotonic() + busy
-    while libc.umount2(path, UMOUNT_NOFOLLOW) != 0:  # EBUSY while a dying process still holds it
-        check(ctypes.get_errno() == errno.EBUSY and time.monotonic() < deadline, "umount " + sys.argv[i])
-        time.sleep(0.005)
-    check(libc.mount(b"tmpfs", path, b"tmpfs", MS_NOSUID | MS_NODEV, b"size=%d,mode=1777" % size) == 0,
-          "mount " + sys.argv[i])
+OPEN_TREE_CLONE, AT_RECURSIVE, AT_FDCWD, MOVE_MOUNT_F_EMPTY_PATH, MNT_DETACH = 1, 0x8000, -100, 4, 2
+SYS_OPEN_TREE, SYS_MOVE_MOUNT = 428, 429  # the same numbers on x86_64 and aarch64
+libc.syscall.restype = ctypes.c_long
+for path, size, keep in json.loads(sys.argv[4]):
+    clones = []
+    for k in keep:
+        fd = libc.syscall(SYS_OPEN_TREE, AT_FDCWD, k.encode(), OPEN_TREE_CLONE | AT_RECURSIVE | os.O_CLOEXEC)
+        check(fd >= 0, "open_tree " + k)
+        clones.append((k, fd))
+    deadline = time.monotonic() + busy
+    if clones:
+        # the mounts below keep PATH busy for ever: detach it; a dying process can no longer reach it
+        check(libc.umount2(path.encode(), MNT_DETACH | UMOUNT_NOFOLLOW) == 0, "umount " + path)
+    else:
+        while libc.umount2(path.encode(), UMOUNT_NOFOLLOW) != 0:  # EBUSY while a dying process still holds it
+            check(ctypes.get_errno() == errno.EBUSY and time.monotonic() < deadline, "umount " + path)
+            time.sleep(0.005)
+    check(libc.mount(b"tmpfs", path.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, b"size=%d,mode=1777" % size) == 0,
+          "mount " + path)
+    for k, fd in clones:
+        os.makedirs(k, mode=0o755)
+        check(libc.syscall(SYS_MOVE_MOUNT, fd, b"", AT_FDCWD, k.encode(), MOVE_MOUNT_F_EMPTY_PATH) == 0,
+              "move_mount " + k)
+        os.close(fd)
 pid = os.fork()
 if pid == 0:
     code = 1
@@ -182,12 +203,11 @@ class Template:
         if not sandbox.root_mode:
             # cleaning up after a learner means replacing the template's tmpfs mounts from outside
             raise TemplateUnavailable("the warm start needs the grader to run as root")
-        below = [p for p in (*sandbox.binds, *sandbox.gpu_devices)
-                 if any(p == top or p.startswith(top + "/") for top in WRITABLE)]
-        if below:
-            # a mount below /tmp or /dev/shm would keep them from being unmounted after each learner
-            raise TemplateUnavailable(f"the warm start cannot renew /tmp and /dev/shm: {below[0]} is mounted there "
-                                      "(use a Python installation outside /tmp)")
+        # The sandbox's own read-only mounts below /tmp or /dev/shm (a Python installation under
+        # /tmp): the renewal carries them over to each new tmpfs. Nested ones travel with theirs.
+        tops = sorted({os.path.abspath(p) for p in (*sandbox.binds, *sandbox.gpu_devices)}, key=len)
+        outer = [p for i, p in enumerate(tops) if not any(p.startswith(q.rstrip("/") + "/") for q in tops[:i])]
+        self.keep = {top: [p for p in outer if p.startswith(top + "/")] for top in WRITABLE}
         self.sandbox, self.limits, self.env = sandbox, limits, dict(env)
         self.proc: subprocess.Popen | None = None
         self.sock: socket.socket | None = None
@@ -361,8 +381,10 @@ class Template:
         the template is replaced instead."""
         t0 = time.monotonic()
         lim = self.sandbox.limits
+        specs = [["/tmp", lim.sandbox_tmp_bytes, self.keep["/tmp"]],
+                 ["/dev/shm", lim.sandbox_shm_bytes, self.keep["/dev/shm"]]]
         argv = [sys.executable, "-I", "-S", "-c", RENEW, str(self.pidfd), str(self.hello["pid"]), str(BUSY_SECONDS),
-                "/tmp", str(lim.sandbox_tmp_bytes), "/dev/shm", str(lim.sandbox_shm_bytes)]
+                json.dumps(specs)]
         try:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                     pass_fds=(self.pidfd,), cwd="/", env={"PATH": "/usr/bin:/bin"})
