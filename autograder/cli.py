@@ -1,4 +1,4 @@
-"""Command line: ``python -m autograder {generate,check,grade,mutants}``.
+"""Command line: ``python -m autograder {generate,check,grade,mutants,seeds}``.
 
 Exit codes: 0 done; 1 `check`'s notebook could not be graded; 2 usage error;
 3 a grader error (a fault of ours, logged) needs the instructor's attention."""
@@ -43,6 +43,12 @@ def _cmd_mutants(args) -> int:
     from .mutants import mutants_command
 
     return mutants_command(args)
+
+
+def _cmd_seeds(args) -> int:
+    from .seeds import seeds_command
+
+    return seeds_command(args)
 
 
 def _positive(text: str) -> int:
@@ -110,6 +116,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fail-under", type=float, default=None, metavar="PCT",
                    help="exit 1 when the score is below PCT percent")
     p.set_defaults(func=_cmd_mutants)
+
+    p = sub.add_parser(
+        "seeds", help="grade the mistake table's rows and the mutants under many seeds: does a verdict vary?",
+        description="Grade every row of the exercise's table of typical mistakes (tests/chapters/chKEY.py, with "
+                    "the reference and the untouched notebook) and every mutant (`mutants`) under many seeds, and "
+                    "report each one whose score or failed checks (a row), or whose killed/survived verdict (a "
+                    "mutant), changes with the seed, with the seeds that differ and the checks that flip; also "
+                    "rows that disagree with their table at some seed. A command of its own, not `mutants "
+                    "--seeds`: it also grades the tables, and judges agreement between seeds. Graded in process, "
+                    "unsandboxed (the notebooks are the reference changed by the course itself), one worker per "
+                    "notebook across seeds; what varies is confirmed by fresh grades. Exit 1 when something "
+                    "varies or disagrees.")
+    p.add_argument("assignment", nargs="+", help="chapter keys, e.g. 03_qkv")
+    p.add_argument("--seeds", type=_positive, default=20, metavar="N", help="grade under N seeds (default 20)")
+    p.add_argument("--first-seed", type=int, default=1, metavar="S",
+                   help="the seeds are S, S+1, ..., S+N-1 (default 1): each replays with `grade --seed`")
+    p.add_argument("--jobs", type=_positive, default=1, metavar="N", help="grade N notebooks at once (default 1)")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--table-only", action="store_true", help="grade the table's rows only, no mutants")
+    which.add_argument("--mutants-only", action="store_true", help="grade the mutants only, no table rows")
+    p.add_argument("--rows", metavar="NAME,...", help="only these rows of the table (ref and stub included)")
+    p.add_argument("--sample", type=_positive, default=None, metavar="N",
+                   help="only a fixed sample of N mutants (chosen by id as `mutants --sample`)")
+    p.add_argument("--mutant", action="append", metavar="ID", help="only this mutant (repeatable)")
+    p.add_argument("--sandbox", action="store_true", help="grade under bubblewrap, as `grade` does (slower)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--out", metavar="DIR", help="also write DIR/KEY.seeds.txt and DIR/KEY.seeds.json")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    p.set_defaults(func=_cmd_seeds)
     return parser
 
 

@@ -88,6 +88,9 @@ NO_TORCH_MHA = ("The locked cell that defines `torch_mha` is missing or was chan
 NOT_INVERTED = ("`to_torch_attn_mask` returns the mask unchanged: nn.MultiheadAttention's boolean attn_mask "
                 "means the opposite, True = may NOT attend. Invert it.")
 MASK_GENERIC = "`to_torch_attn_mask` must return the logical NOT of our mask, element by element."
+MASK_SHAPE = ("`to_torch_attn_mask` changes the mask's shape: return the inverted mask in the shape it was given "
+              "(a (Lq, Lk) mask stays (Lq, Lk), a (B, Lk) padding mask stays (B, Lk)), not expanded or reshaped "
+              "into the (B*H, Lq, Lk) form that attn_mask also accepts.")
 TORCH_PARITY = ("With `to_torch_attn_mask`'s mask, nn.MultiheadAttention does not agree with our attention "
                 "under the same mask: True in its attn_mask and key_padding_mask means 'may not attend'.")
 
@@ -681,8 +684,8 @@ def test_load_torch_mha_fills_ours_with_copies(learner, reference, rng):
 
 
 def _converted(learner, mask, device="cpu"):
-    got = tensor(learner.to_torch_attn_mask(mask.to(device)), "to_torch_attn_mask", shape=mask.shape, device=device,
-                 what="its mask")
+    got = tensor(learner.to_torch_attn_mask(mask.to(device)), "to_torch_attn_mask", device=device, what="its mask")
+    expect(tuple(got.shape) == tuple(mask.shape), MASK_SHAPE)
     expect(got.dtype == torch.bool, "`to_torch_attn_mask` must return a boolean mask (dtype torch.bool).")
     if not torch.equal(got.cpu(), ~mask):
         expect(not torch.equal(got.cpu(), mask), NOT_INVERTED)
@@ -692,7 +695,7 @@ def _converted(learner, mask, device="cpu"):
 
 @points(1, part="torch_parity")
 def test_to_torch_attn_mask_values(learner, reference, rng, devices):
-    """Does to_torch_attn_mask turn our masks (True = may attend) of any shape into PyTorch's (True = may not)?"""
+    """Does to_torch_attn_mask turn our masks (True = may attend) into PyTorch's (True = may not), keeping any shape?"""
     for device in devices:
         for shape in ((4, 6), (6, 4, 6), (2, 6), (2, 1, 1, 6)):
             _converted(learner, random_mask(rng, shape), device)

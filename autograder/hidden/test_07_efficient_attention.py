@@ -8,6 +8,12 @@ zero to three leading dimensions, float32 and float64, and float16/bfloat16. A w
 is explained by the typical mistake it matches; those mistakes are recomputed here with a
 blockwise implementation that can be told to make each one.
 
+The text asks for float32 arithmetic on float16/bfloat16 inputs; the half-precision checks include
+long inputs where computing in half precision fails by several times the tolerance, for any draw: a
+softmax normaliser or attention's running sum kept in half precision loses the small terms of many
+blocks (see HALF_STEP), and linear attention's sums over 2048 keys pass float16's largest value. A
+result wrong there but right on the same values in float32 is told that it computes in half precision.
+
 The memory of tiled attention is measured by the trusted side (`learner.memory_peak`: the
 worker's memory cgroup where it has one, the worker process's peak resident memory
 otherwise), never reported by the learner's code, on sizes where one full score matrix is
@@ -57,6 +63,20 @@ UNMEASURED_MEMORY_PAYS = True
 MEM_L, MEM_D, MEM_BLOCK = 16384, 16, 512
 MEM_BOUND = MEM_L * MEM_L * 4 // 4
 
+# Half precision over long inputs. A sum kept in float16 or bfloat16 stops growing once what is added to it
+# falls below half its rounding step: below HALF_STEP of a sum near 1. The long checks' scores put each row's
+# largest in the first block (the normaliser starts near 1) and make every later block add half of HALF_STEP
+# to it (within a factor 1.3): in float32 the LONG_BLOCKS blocks add 6 % (float16) or 50 % (bfloat16) to the
+# normaliser, kept in half precision every one of them is rounded away, and the largest weight and its output
+# are off by 6 to 33 %: six times the half-precision tolerance or more for every draw, where the reference
+# stays under a tenth of it.
+HALF_STEP = {torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8}
+LONG_BLOCK, LONG_BLOCKS = 2, 256
+# Linear attention's sums over the keys grow with their number: with every entry of q and k in [0.5, 1.5],
+# phi(q) . phi(k) >= 32 * 1.5**2 = 72 for each of 2048 keys, and the denominator passes 147000, more than
+# twice float16's largest value (65504).
+LONG_L, LONG_D = 2048, 32
+
 # --- hints ----------------------------------------------------------------------------------
 
 OS_GENERIC = ("`online_softmax` differs from torch.softmax(x, -1): keep per row the running maximum m and "
@@ -69,6 +89,9 @@ OS_NEG_INF = ("`online_softmax` gives NaN on a row whose first blocks hold only 
               "While the running maximum is still -inf, shift by 0 instead (exp(-inf) is then 0).")
 OS_HALF = ("`online_softmax` is far from softmax in float16 or bfloat16, or changes the dtype of its input: "
            "compute in float32 and return x's dtype.")
+OS_HALF_SUM = ("`online_softmax` is right in float32 but not in float16 or bfloat16 on a long row: it keeps its "
+               "running sum in half precision, where the small terms each block adds fall below the sum's rounding "
+               "step and are lost. Compute in float32 (x.float()) and return x's dtype.")
 
 T_GENERIC = ("`tiled_attention` differs from softmax(q k^T / sqrt(d)) v: for each block of queries keep the "
              "running maximum m, sum s and output o, rescale s and o by exp(m_old - m_new) for every key "
@@ -92,6 +115,9 @@ T_BOTTOM_RIGHT = ("Causal `tiled_attention` aligns the mask to the end of the ke
                   "from the start of both sequences.")
 T_HALF = ("`tiled_attention` is far from exact attention in float16 or bfloat16, or changes the dtype of its "
           "input: compute in float32 and return q's dtype.")
+T_HALF_SUM = ("`tiled_attention` is right in float32 but not in float16 or bfloat16 over many key blocks: it keeps "
+              "its running sum and output in half precision, where the small terms each key block adds fall below "
+              "their rounding step and are lost. Compute in float32 and return q's dtype.")
 T_MEMORY = ("`tiled_attention` used up to {} MiB of memory for 16384 queries and keys with block_size=512 "
             "(counted from before your notebook was loaded: {} MiB of it were already held when the call "
             "started): it builds (nearly) the whole Lq x Lk score matrix, or a softmax over the whole key axis "
@@ -139,6 +165,9 @@ L_LENGTHS_OTHER = ("Causal `linear_attention` must raise a ValueError itself whe
                    "the lengths first), not a {}.")
 L_HALF = ("`linear_attention` is far from the reference in float16 or bfloat16, or changes the dtype of its "
           "input: compute in float32 and return q's dtype.")
+L_HALF_SUM = ("`linear_attention` is right in float32 but not in float16 over a long sequence: it computes in half "
+              "precision, where its sums over the keys pass float16's largest value (65504) and become inf. "
+              "Compute in float32 and return q's dtype.")
 
 
 # --- helpers ---------------------------------------------------------------------------------
@@ -171,6 +200,26 @@ def _finite(x):
     return isinstance(x, torch.Tensor) and bool(torch.isfinite(x.detach().cpu().double()).all())
 
 
+def _uniform(rng, *shape, lo=-1.0, hi=1.0):
+    return lo + (hi - lo) * torch.rand(*shape, generator=rng, dtype=F64)
+
+
+def _peaked(rng, lead, dtype):
+    """Scores (*lead, LONG_BLOCK * LONG_BLOCKS) in float64 relative to their row's largest, 0, which lies in the
+    first block, and the position of that largest (*lead, 1); every other score is log(w) +- 0.2, w such that a
+    block of them weighs half of HALF_STEP[dtype] against the largest's 1."""
+    w = HALF_STEP[dtype] / (2 * LONG_BLOCK)
+    x = math.log(w) + _uniform(rng, *lead, LONG_BLOCK * LONG_BLOCKS, lo=-0.2, hi=0.2)
+    top = torch.randint(0, LONG_BLOCK, (*lead, 1), generator=rng)
+    return x.scatter(-1, top, 0.0), top
+
+
+def _right_in_float32(call, expected):
+    """Whether the learner's function, called on the same values in float32 (`call`), gives `expected`: then a
+    wrong result in half precision comes from computing in half precision."""
+    return close(call(), expected.float())
+
+
 # --- Part 1: the online softmax (4 points) --------------------------------------------------
 
 def _online(x, block_size, rescale=True):
@@ -187,12 +236,14 @@ def _online(x, block_size, rescale=True):
     return torch.exp(x - m.masked_fill(m == -math.inf, 0.0)) / s
 
 
-def _check_online(learner, x, block_size, device="cpu", extreme=False):
+def _check_online(learner, x, block_size, device="cpu", extreme=False, long=False):
     got = tensor(learner.online_softmax(x, block_size), OS, shape=x.shape, dtype=x.dtype, device=device)
     x64, = _cpu64(x)
     expected = torch.softmax(x64, -1)
     if close(got, expected.to(x.dtype), device):
         return
+    if long and _right_in_float32(lambda: learner.online_softmax(x.float(), block_size), expected):
+        raise Hint(OS_HALF_SUM)
     if not _finite(got):
         raise Hint(OS_NEG_INF if bool(torch.isinf(x64).any()) else OS_OVERFLOW if extreme else OS_GENERIC)
     raise Hint(diagnose(got, [(OS_NO_RESCALE, lambda: _online(x64, block_size, rescale=False))],
@@ -225,9 +276,11 @@ def test_online_softmax_extreme_scores(learner, reference, rng):
 
 @points(1, part="online_softmax")
 def test_online_softmax_dtypes_and_devices(learner, reference, rng, devices):
-    """Does it keep float16 and bfloat16 (computing in float32), on every device, creating nothing on a fixed one?"""
+    """Does it keep float16 and bfloat16 (summing in float32, as long rows need) and run on every device?"""
     for dtype in HALF:
         _check_online(learner, _randn(rng, 3, 30, dtype=dtype, scale=4.0), 7)
+        scores, _ = _peaked(rng, (3,), dtype)
+        _check_online(learner, (scores + _uniform(rng, 3, 1, lo=-2.0, hi=2.0)).to(dtype), LONG_BLOCK, long=True)
     for device in devices:
         _check_online(learner, _randn(rng, 2, 3, 19, dtype=F64, device=device), 4, device=device)
     expect_device_agnostic(learner, OS, _randn(rng, 2, 3, 19), 4)
@@ -298,12 +351,15 @@ def _tiled_shape(q, k, v):
     return (*torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2]), q.size(-2), v.size(-1))
 
 
-def _check_tiled(learner, q, k, v, block_size, causal=False, device="cpu"):
+def _check_tiled(learner, q, k, v, block_size, causal=False, device="cpu", long=False):
     got = tensor(learner.tiled_attention(q, k, v, block_size=block_size, causal=causal), TILED,
                  shape=_tiled_shape(q, k, v), dtype=q.dtype, device=device)
     expected = _exact(q, k, v, causal)
     if close(got, expected.to(q.dtype), device):
         return
+    if long and _right_in_float32(lambda: learner.tiled_attention(q.float(), k.float(), v.float(),
+                                                                  block_size=block_size, causal=causal), expected):
+        raise Hint(T_HALF_SUM)
     generic = T_HALF if q.dtype in HALF else T_GENERIC if _finite(got) else T_NAN
     raise Hint(diagnose(got, _tiled_mistakes(q, k, v, block_size, causal), generic, same=_same(q.dtype)))
 
@@ -312,6 +368,23 @@ def _qkv(rng, lead, Lq, Lk, d, d_v, dtype=F32, device="cpu"):
     return (_randn(rng, *lead, Lq, d, dtype=dtype, scale=1.5, device=device),
             _randn(rng, *lead, Lk, d, dtype=dtype, scale=1.5, device=device),
             _randn(rng, *lead, Lk, d_v, dtype=dtype, device=device))
+
+
+def _long_qkv(rng, dtype, lead=(2,), d=16, d_v=4):
+    """q (*lead, LONG_BLOCK, d), k and v (*lead, LONG_BLOCK * LONG_BLOCKS, .) in `dtype`, every query's scores
+    _peaked's plus one offset: q[..., 0] = sqrt(d), k[..., 0] the scores, the other entries of q within +-0.05.
+    The values of each row's largest-weighted key are 1 to 1.9 in magnitude, the others within +-1, so that
+    the output's error is the normaliser's."""
+    scores, top = _peaked(rng, lead, dtype)
+    Lk = scores.size(-1)
+    k = _uniform(rng, *lead, Lk, d)
+    k[..., 0] = scores + _uniform(rng, *lead, 1, lo=-2.0, hi=2.0)
+    q = _uniform(rng, *lead, LONG_BLOCK, d, lo=-0.05, hi=0.05)
+    q[..., 0] = math.sqrt(d)
+    v = _uniform(rng, *lead, Lk, d_v)
+    sign = torch.where(torch.rand(*lead, 1, d_v, generator=rng) < 0.5, -1.0, 1.0).to(F64)
+    v.scatter_(-2, top[..., None].expand(*lead, 1, d_v), _uniform(rng, *lead, 1, d_v, lo=1.0, hi=1.9) * sign)
+    return q.to(dtype), k.to(dtype), v.to(dtype)
 
 
 @points(3, part="tiled_attention")
@@ -340,11 +413,12 @@ def test_tiled_attention_causal(learner, reference, rng):
 
 @points(1, part="tiled_attention")
 def test_tiled_attention_dtypes_and_devices(learner, reference, rng, devices):
-    """Does it keep float16 and bfloat16 (computing in float32), on every device, creating nothing on a fixed one?"""
+    """Does it keep float16 and bfloat16 (summing in float32, as many key blocks need) and run on every device?"""
     for dtype in HALF:
         q, k, v = _qkv(rng, (2,), 13, 10, 8, 8, dtype)
         _check_tiled(learner, q, k, v, 4)
         _check_tiled(learner, q, k, v, 4, causal=True)
+        _check_tiled(learner, *_long_qkv(rng, dtype), LONG_BLOCK, long=True)
     for device in devices:
         q, k, v = _qkv(rng, (2, 2), 9, 9, 6, 4, F64, device)
         _check_tiled(learner, q, k, v, 4, causal=True, device=device)
@@ -472,13 +546,16 @@ def _linear_mistakes(q, k, v, causal):
     return table
 
 
-def _check_linear(learner, q, k, v, causal=False, device="cpu"):
+def _check_linear(learner, q, k, v, causal=False, device="cpu", long=False, expected=None):
     kwargs = {"causal": True} if causal else {}
     got = tensor(learner.linear_attention(q, k, v, **kwargs), LINEAR, shape=_tiled_shape(q, k, v),
                  dtype=q.dtype, device=device)
-    expected = _linear(q, k, v, causal)
+    expected = _linear(q, k, v, causal) if expected is None else expected
     if close(got, expected.to(q.dtype), device):
         return
+    if long and _right_in_float32(lambda: learner.linear_attention(q.float(), k.float(), v.float(), **kwargs),
+                                  expected):
+        raise Hint(L_HALF_SUM)
     raise Hint(diagnose(got, _linear_mistakes(q, k, v, causal), L_HALF if q.dtype in HALF else L_GENERIC,
                         same=_same(q.dtype)))
 
@@ -523,11 +600,16 @@ def test_linear_attention_causal(learner, reference, rng):
 
 @points(1, part="linear_attention")
 def test_linear_attention_dtypes_and_devices(learner, reference, rng, devices):
-    """Does it keep float16 and bfloat16 (computing in float32), on every device, creating nothing on a fixed one?"""
+    """Does it keep float16 and bfloat16 (summing in float32, as long sequences need) and run on every device?"""
     for dtype in HALF:
         q, k, v = _qkv(rng, (2,), 12, 12, 8, 8, dtype)
         _check_linear(learner, q, k, v)
         _check_linear(learner, q, k, v, causal=True)
+    q, k, v = (_uniform(rng, 1, LONG_L, n, lo=0.5, hi=1.5).to(torch.float16) for n in (LONG_D, LONG_D, 4))
+    _check_linear(learner, q[:, :8], k, v, long=True)
+    # The reference in float64 (running sums) rather than the quadratic form: a 2048 x 2048 product is slow.
+    _check_linear(learner, q, k, v, causal=True, long=True,
+                  expected=reference.linear_attention(*_cpu64(q, k, v), causal=True))
     for device in devices:
         q, k, v = _qkv(rng, (2, 3), 10, 10, 6, 5, F64, device)
         _check_linear(learner, q, k, v, device=device)

@@ -56,6 +56,10 @@ MISTAKES = {
                                        "dropout_p = self.dropout"),)),
     "torch_mask_not_inverted": Mistake(21, TO_MASK, _all(TO_MASK, "True = may NOT attend"),
                                        edits=(("return ~mask.bool()", "return mask.bool()"),)),
+    # Read as nn.MultiheadAttention's 3-D attn_mask: the leading dimensions flattened into one (B*H).
+    "torch_mask_reshaped": Mistake(21, TO_MASK, _all(TO_MASK, "changes the mask's shape"),
+                                   edits=(("return ~mask.bool()",
+                                           "return (~mask.bool()).reshape(-1, *mask.shape[-2:])"),)),
     "in_proj_order_kqv": Mistake(21, LOAD, _all(LOAD, "chunks of in_proj_weight in the wrong order"), edits=(
         ("w_q, w_k, w_v = theirs.in_proj_weight.chunk(3, dim=0)",
          "w_k, w_q, w_v = theirs.in_proj_weight.chunk(3, dim=0)"),)),

@@ -60,4 +60,15 @@ MISTAKES = {
         ("phi_k = F.elu(k.to(work)) + 1", "phi_k = F.elu(k.to(work))"))),
     "linear_causal_full_sums": Mistake(18, LINEAR_CAUSAL, _all(LINEAR_CAUSAL, "uses the sums over all keys"), edits=(
         ("    if not causal:\n        kv = phi_k", "    if True:\n        kv = phi_k"),)),
+    # Computing in the inputs' float16/bfloat16 instead of float32: right on short inputs, wrong on the long ones
+    # of the dtype checks (a running sum that loses its small terms; linear attention's sums past 65504).
+    "softmax_in_half": Mistake(21, {"test_online_softmax_dtypes_and_devices"},
+                               {"test_online_softmax_dtypes_and_devices": "keeps its running sum in half precision"},
+                               edits=(("work = x.to(torch.float32) if x.dtype in HALF else x", "work = x"),)),
+    "tiled_in_half": Mistake(21, {"test_tiled_attention_dtypes_and_devices"},
+                             {"test_tiled_attention_dtypes_and_devices": "running sum and output in half precision"},
+                             edits=(("work = torch.float32 if dtype in HALF else dtype", "work = dtype"),)),
+    "linear_in_half": Mistake(21, {"test_linear_attention_dtypes_and_devices"},
+                              {"test_linear_attention_dtypes_and_devices": "pass float16's largest value"},
+                              edits=(("work = torch.float32 if q.dtype in HALF else q.dtype", "work = q.dtype"),)),
 }

@@ -1,0 +1,84 @@
+"""Seed robustness of the hidden tests (`python -m autograder seeds`): a fixed sample of table
+rows and mutants keeps its verdict under several seeds, and the command's logic reports a
+check planted to depend on the seed.
+
+The full run is `python -m autograder seeds KEY --jobs 2` (minutes per exercise, 20 seeds);
+here one exercise grades a few rows and mutants under four seeds, in process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from autograder import seeds as sd
+from autograder.assignments import get_assignment
+from autograder.grader import Grader, check_seed
+
+KEY = "03_qkv"
+SEEDS = [1, 2, 3, 4]
+ROWS = ["ref", "no_scale", "fill_minus_1e9", "inverted_mask"]
+MUTANTS = 2
+
+
+@pytest.fixture(scope="module")
+def grader():
+    return Grader(get_assignment(KEY))  # unsandboxed: the notebooks are the reference, changed by us
+
+
+def test_sampled_rows_and_mutants_keep_their_verdict_under_every_seed(grader):
+    """Do a few rows of the mistake table and a few mutants get the same verdict (and the rows their
+    table's score, checks and hints) under each of several seeds?"""
+    rep = sd.run(KEY, seeds=SEEDS, row_names=ROWS, mutant_sample=MUTANTS, grader=grader)
+    assert (rep["rows"], rep["mutants"]) == (len(ROWS), MUTANTS)
+    assert rep["stable"] and not rep["table_disagreements"] and not rep["worker_history"], sd.format_report(rep)
+    assert rep["killed_every_seed"] == MUTANTS
+    assert "verdicts stable across seeds" in sd.format_report(rep)
+
+
+def _planted(check, seeds):
+    """`check`, passing whenever the submission's seed is one of `seeds` (a check whose inputs hide the
+    mistake under some seeds)."""
+    lucky = {check_seed(s, check.name) for s in seeds}
+
+    def planted(learner, reference, rng, devices, seed):
+        if seed in lucky:
+            return
+        check.fn(**{p: v for p, v in dict(learner=learner, reference=reference, rng=rng, devices=devices,
+                                                seed=seed).items() if p in check.params})
+    return dataclasses.replace(check, fn=planted, params=("learner", "reference", "rng", "devices", "seed"))
+
+
+def test_a_planted_seed_dependent_check_is_reported(grader, tmp_path):
+    """With the checks that see a row's mistake and a mutant's made to pass under seeds 2 and 4, does the
+    command report both as varying, name those seeds and the checks that flip, and have fresh grades
+    confirm it?"""
+    mutant = sd.mutant_items(KEY, MUTANTS)[0]
+    failed = set()
+    for item in sd.table_rows(KEY, ["no_scale"]) + [mutant]:
+        failed |= set(sd.grade_fresh(grader, item, [1], tmp_path)[1]["failed"])
+    assert failed
+    lucky = [2, 4]
+    planted = Grader(get_assignment(KEY))
+    planted.checks = [_planted(c, lucky) if c.name in failed else c for c in planted.checks]
+    rep = sd.run(KEY, seeds=SEEDS, row_names=["no_scale"], mutant_ids=[mutant.name], grader=planted)
+    assert not rep["stable"] and set(rep["unstable"]) == {"no_scale", mutant.name}
+    by = {r["name"]: r for r in rep["results"]}
+    assert by["no_scale"]["differing_seeds"] in ([1, 3], lucky) and by["no_scale"]["confirmed"]
+    assert by[mutant.name]["per_seed"] == {"1": "killed", "2": "survived", "3": "killed", "4": "survived"}
+    flips = by["no_scale"]["flipping_checks"]
+    assert flips and all(f == {"fails": [1, 3], "passes": lucky} for f in flips.values())
+    text = sd.format_report(rep)
+    assert "vary with the seed" in text and "survived at seeds 2, 4" in text and "fails at seeds 1, 3" in text
+    assert rep["table_disagreements"] == ["no_scale"]  # the row loses less than its table says under 2 and 4
+
+
+def test_seed_ranges_and_cli_usage(capsys):
+    """Are seeds shown as ranges, and does the command refuse an unknown exercise or row?"""
+    from autograder.cli import main
+
+    assert sd.seed_ranges([5, 1, 2, 3, 7, 8]) == "1-3, 5, 7-8"
+    assert main(["seeds", "99_nothing"]) == 2
+    assert main(["seeds", KEY, "--rows", "no_such_row", "--seeds", "1", "--quiet"]) == 2
+    assert "no such row" in capsys.readouterr().err
