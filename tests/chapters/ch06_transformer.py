@@ -4,20 +4,46 @@ from chapters import Mistake
 
 KEY = "06_transformer"
 LN = {"test_layer_norm_matches_torch", "test_layer_norm_gradients", "test_layer_norm_half_precision_and_devices"}
+FF = {"test_feed_forward_matches_reference", "test_feed_forward_dropout"}
 ENC = {"test_encoder_layer_matches_reference", "test_encoder_layer_masks", "test_encoder_layer_matches_torch",
-       "test_encoder_layer_padding_changes_nothing"}
-DEC = {"test_decoder_layer_matches_reference", "test_decoder_layer_masks", "test_decoder_layer_cache",
-       "test_decoder_layer_is_causal"}
+       "test_encoder_layer_padding_changes_nothing", "test_encoder_layer_dropout"}
+DEC = {"test_decoder_layer_matches_reference", "test_decoder_layer_dropout", "test_decoder_layer_masks",
+       "test_decoder_layer_cache", "test_decoder_layer_is_causal"}
 MODEL = {"test_transformer_forward_matches_reference", "test_transformer_decode_with_caches_and_offset",
          "test_transformer_causal_and_padding_properties"}
 GREEDY = {"test_greedy_decode_matches_reference", "test_greedy_decode_cached_equals_recomputation",
           "test_greedy_decode_honours_sos_eos_pad"}
 CACHE_CAT = (("k = torch.cat([cache[0], k], dim=2)", "v = torch.cat([cache[1], v], dim=2)"))
 FIX_DEC = "your DecoderLayer (part 4), which it uses, is wrong or fails: fix it first"
+ENC_DROPOUT = ("x = x + self.dropout(self.self_attn(h, h, h, mask=src_mask)[0])",
+               "return x + self.dropout(self.ff(self.norm2(x)))",
+               "x = self.norm1(x + self.dropout(self.self_attn(x, x, x, mask=src_mask)[0]))",
+               "return self.norm2(x + self.dropout(self.ff(x)))")
+DEC_DROPOUT = ("x = x + self.dropout(a)",
+               "x = x + self.dropout(self.cross_attn(h, memory, memory, mask=memory_mask)[0])",
+               "x = x + self.dropout(self.ff(self.norm3(x)))", "x = self.norm1(x + self.dropout(a))",
+               "x = self.norm2(x + self.dropout(self.cross_attn(x, memory, memory, mask=memory_mask)[0]))",
+               "x = self.norm3(x + self.dropout(self.ff(x)))")
+ENCODE_LOOP = "        for layer in self.encoder:\n            x = layer(x, src_mask)\n"
+DECODE_LAYER = ("            x, cache = layer(x, memory, tgt_mask=tgt_mask, memory_mask=src_mask,\n"
+                "                             cache=None if caches is None else caches[i])")
+ENC_FORWARD = "        if self.norm_first:\n            h = self.norm1(x)\n"
+DEC_FORWARD = "        attn = self.self_attn\n        h = self.norm1(x) if self.norm_first else x\n"
+GREEDY_START = "    src_mask = make_src_mask(src, pad)\n    memory = model.encode(src, src_mask)  # (B, S, D)\n"
 
 
 def _all(checks, words):
     return {c: words for c in checks}
+
+
+def _f_dropout(line):
+    """`line` with self.dropout(E) written F.dropout(E, self.dropout.p): dropout that stays on in eval mode."""
+    start = line.index("self.dropout(") + len("self.dropout(")
+    depth, end = 1, start
+    while depth:
+        depth += {"(": 1, ")": -1}.get(line[end], 0)
+        end += 1
+    return line[:start - len("self.dropout(")] + "F.dropout(" + line[start:end - 1] + ", self.dropout.p)" + line[end:]
 
 
 MISTAKES = {
@@ -25,8 +51,8 @@ MISTAKES = {
     "unbiased_variance": Mistake(23, LN, {"test_layer_norm_matches_torch": "unbiased variance",
                                           "test_layer_norm_gradients": "unbiased variance"}, edits=(
         ("var = (x - mean).pow(2).mean(dim=-1, keepdim=True)", "var = x.var(dim=-1, keepdim=True)"),)),
-    "ff_no_relu": Mistake(25, {"test_feed_forward_matches_reference"},
-                          {"test_feed_forward_matches_reference": "no ReLU between linear1 and linear2"}, edits=(
+    # The dropout check judges the values in eval mode too: a wrong network loses it as well.
+    "ff_no_relu": Mistake(24, FF, _all(FF, "no ReLU between linear1 and linear2"), edits=(
         ("return self.linear2(self.dropout(F.relu(self.linear1(x))))",
          "return self.linear2(self.dropout(self.linear1(x)))"),)),
     # Pre-LN self-attention sublayer whose residual is the normalised x.
@@ -96,4 +122,45 @@ MISTAKES = {
         ("        ys = torch.cat([ys, y[:, None]], dim=1)  # (B, T + 1)\n    return torch.stack(tokens, dim=1)",
          "        ys = torch.cat([ys, y[:, None]], dim=1)  # (B, T + 1)\n"
          "    return torch.cat([ys[:, :1], torch.stack(tokens, dim=1)], dim=1)"),)),
+    # eps written as a constant: the eps mistakes are told apart in float64.
+    "ln_eps_constant": Mistake(23.5, LN - {"test_layer_norm_half_precision_and_devices"},
+                               _all(LN - {"test_layer_norm_half_precision_and_devices"}, "uses an eps of its own"),
+                               edits=(("torch.sqrt(var + self.eps)", "torch.sqrt(var + 1e-6)"),)),
+    # Hidden units in another order: linear2 then pairs them with the wrong weights, in eval mode too.
+    "ff_permuted": Mistake(24, FF, _all(FF, "differs from linear2(dropout(relu(linear1(x))))"), edits=(
+        ("return self.linear2(self.dropout(F.relu(self.linear1(x))))",
+         "return self.linear2(self.dropout(F.relu(self.linear1(x))).flip(-1))"),)),
+    # F.dropout without training=self.training drops in eval mode too.
+    "enc_dropout_in_eval": Mistake(25.5, {"test_encoder_layer_dropout"},
+                                   {"test_encoder_layer_dropout": "drops its sublayers' outputs in eval mode"},
+                                   edits=tuple((line, _f_dropout(line)) for line in ENC_DROPOUT)),
+    "dec_no_residual_dropout": Mistake(25, {"test_decoder_layer_dropout"},
+                                       {"test_decoder_layer_dropout": "never applies its residual dropout"},
+                                       edits=tuple((line, line.replace("self.dropout(", "(")) for line in DEC_DROPOUT)),
+    # Identity layers, and a model that never calls them: judging the model by the learner's own layers would
+    # pay it; the decoders, on a model whose rows never finish unevenly, cannot be judged.
+    "identity_layers_skipped": Mistake(
+        7, ENC | DEC | MODEL | GREEDY,
+        _all(MODEL, "Your EncoderLayer (part 3) is wrong too") | _all(GREEDY, "cannot be judged yet"),
+        edits=((ENC_FORWARD, "        return x\n" + ENC_FORWARD),
+               (DEC_FORWARD, "        return x, (None, None)\n" + DEC_FORWARD),
+               (ENCODE_LOOP, ""), (DECODE_LAYER, "            cache = None"))),
+    # Constant logits, and decoders that return pad everywhere without calling the model.
+    "greedy_zeros_constant_model": Mistake(
+        18, MODEL | GREEDY, _all(GREEDY, "cannot be judged yet"), edits=(
+            ("return self.out(x), new_caches  # (B, T, tgt_vocab)", "return self.out(x) * 0, new_caches"),
+            (GREEDY_START, "    return torch.zeros(src.size(0), max_len, dtype=torch.long, device=src.device)\n"))),
+    # Row 0 finishes before the last row in every model the decoders are judged on.
+    "greedy_stops_at_row_0": Mistake(22, GREEDY, _all(GREEDY, "stops when the first row produces eos"), edits=(
+        ("if bool(finished.all()):", "if bool(finished[0]):"),)),
+    # The first step's caches passed at every step: the model's output depends on the tokens before.
+    "greedy_cached_first_cache": Mistake(
+        23.5, {"test_greedy_decode_cached_equals_recomputation", "test_greedy_decode_honours_sos_eos_pad"},
+        _all({"test_greedy_decode_cached_equals_recomputation", "test_greedy_decode_honours_sos_eos_pad"},
+             "passes the first step's caches"), edits=((
+                 "logits, caches = model.decode(y[:, None], memory, src_mask, None, caches, offset=t)  # (B, 1, V)",
+                 "logits, new = model.decode(y[:, None], memory, src_mask, None, caches, offset=t)  # (B, 1, V)\n"
+                 "        caches = new if caches is None else caches"),)),
+    "greedy_no_src_mask": Mistake(22, GREEDY, _all(GREEDY, "ignores the source's padding"), edits=(
+        ("    src_mask = make_src_mask(src, pad)\n", "    src_mask = None\n"),)),
 }
