@@ -6,7 +6,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 # Two cores: one thread per process keeps torch from oversubscribing them.
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: install book test generate check-generated clean
+.PHONY: install book test test-fast generate check-generated clean
 
 install: $(VENV)/.installed
 
@@ -27,6 +27,11 @@ book: install
 # execution cache an up-to-date book rebuilds in seconds.
 test: install check-generated book
 	$(PY) -m pytest
+
+# The tests not marked slow (see tests/conftest.py): no book, no browser, no end-to-end batch,
+# no mutants or seeds graded; a few minutes on 2 cores.
+test-fast: install
+	$(PY) -m pytest -m "not slow"
 
 generate: install
 	$(PY) -m autograder generate

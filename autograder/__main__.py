@@ -4,11 +4,11 @@ import atexit
 import os
 import sys
 
-from .cli import _cmd_check, build_parser
+from .cli import build_parser, run
 
 args = build_parser().parse_args()
-code = args.func(args)
-if args.func is _cmd_check:
+code = run(args)
+if args.command == "check":
     # The check has printed its report and ended its worker. What is left is the interpreter's
     # teardown of PyTorch, the checks and the reference (0.3 to 0.5 s, a fifth of a learner's
     # wait): the exit handlers run (the sandbox's cgroup clean-up), then the process ends.

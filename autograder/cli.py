@@ -1,20 +1,22 @@
-"""Command line: ``python -m autograder {generate,check,grade,mutants,seeds}``.
+"""Command line: ``python -m autograder {generate,check,grade,mutants,seeds,new}``.
 
-Exit codes: 0 done; 1 `check`'s notebook could not be graded; 2 usage error;
-3 a grader error (a fault of ours, logged) needs the instructor's attention."""
+Exit codes: 0 done; 1 `check`'s notebook could not be graded; 2 usage error (an unknown
+exercise key, a bad flag, a missing file: one line on stderr); 3 a grader error (a fault of
+ours, logged) needs the instructor's attention."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from .assignments import get_assignment
+from .text import visible
+from .usage import EXIT_USAGE, UsageError, known_assignment
 
 
 def _cmd_generate(args) -> int:
     from .generate import generate
 
-    assignments = [get_assignment(k) for k in args.assignment] if args.assignment else None
+    assignments = [known_assignment(k) for k in args.assignment] if args.assignment else None
     problems = generate(assignments, check=args.check)
     for line in problems:
         print(line)
@@ -49,6 +51,12 @@ def _cmd_seeds(args) -> int:
     from .seeds import seeds_command
 
     return seeds_command(args)
+
+
+def _cmd_new(args) -> int:
+    from .scaffold import new_command
+
+    return new_command(args)
 
 
 def _positive(text: str) -> int:
@@ -145,9 +153,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="DIR", help="also write DIR/KEY.seeds.txt and DIR/KEY.seeds.json")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.set_defaults(func=_cmd_seeds)
+
+    p = sub.add_parser(
+        "new", help="start a chapter: its master, hidden tests, mistake table, book page and _toc.yml entry",
+        description="Write a new chapter's files, each with one small placeholder part (exercises/source/KEY.md, "
+                    "autograder/hidden/test_KEY.py, tests/chapters/chKEY.py, book/KEY.md), list the page in "
+                    "_toc.yml, then generate its notebook and reference module. Nothing is overwritten: an "
+                    "invalid or taken key is a usage error (exit 2). autograder/hidden/README.md, \"Adding a "
+                    "chapter\", says what comes next.")
+    p.add_argument("key", help="the chapter's key: two digits, an underscore, lowercase words (e.g. 08_sparse_attention)")
+    p.add_argument("title", help='its title, e.g. "Sparse attention"')
+    p.add_argument("--root", metavar="DIR", help="the course folder to write into (default: this one)")
+    p.set_defaults(func=_cmd_new)
     return parser
 
 
+def run(args) -> int:
+    """Run the parsed command `args`; its exit code. A usage error, wherever a command finds it, is
+    said here, in one line on stderr, and exits 2 (as argparse's own errors do)."""
+    try:
+        return args.func(args)
+    except UsageError as exc:
+        print(f"error: {visible(str(exc), keep=chr(10))}", file=sys.stderr)
+        return EXIT_USAGE
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return args.func(args)
+    return run(build_parser().parse_args(argv))

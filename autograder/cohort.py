@@ -1,6 +1,6 @@
 """Grading a batch on several processes or machines: the task, the jobs that run it, and where.
 
-The coordinator (`commands.grade_command`) scans the submissions, reads and hashes each
+The coordinator (`grading_run.GradingRun`) scans the submissions, reads and hashes each
 notebook, decides what needs grading, and alone writes the gradebook, the CSV, the result
 records and the feedback pages. What it hands out is one *task* per submission, plain
 data: the notebook's bytes as they were hashed, the assignment key, the student id, the
@@ -26,21 +26,19 @@ it runs (a warm start, when the grader has one, pays off only that way). On a ma
 where the grader runs as root, every grading process takes a *uid slot* (an flock on a
 file, held while the process lives) and gives its sandboxed workers uids from that slot's
 own share of the sandbox uids, so no two processes on one machine, whoever started them,
-hand out the same uid at the same time. The slot files live in the grader's runtime folder
-(`runtime_dir`: /run/autograder for root), a place no other local user can create first.
+hand out the same uid at the same time (`autograder.uids`). The slot files live in the grader's
+runtime folder (`autograder.runtime`: /run/autograder for root), a place no other local user can
+create first.
 Each worker's memory cgroup is named after its process id, so cgroups never collide either.
 """
 
 from __future__ import annotations
 
-import fcntl
-import inspect
 import json
 import logging
 import os
 import shutil
 import socket
-import stat
 import tempfile
 import threading
 import time
@@ -49,8 +47,6 @@ from pathlib import Path
 log = logging.getLogger("autograder")
 
 MIN_PER_JOB = 3  # without --jobs, at most one job per this many submissions to grade
-UID_SLOTS = 64  # grading processes per machine that can hold a share of the sandbox uids at once
-UID_SLOT_DIR = "uid-slots"  # in the runtime folder (`runtime_dir`)
 
 
 def default_jobs() -> int:
@@ -61,161 +57,14 @@ def default_jobs() -> int:
         return os.cpu_count() or 1
 
 
-# --- the runtime folder: state shared by the grading processes of one user ------------------
-
-def _private_chain(folder: str) -> bool:
-    """Whether no other user can rename, replace or add entries on the way to FOLDER.
-
-    Every folder from / down to FOLDER must be a real folder (not a link) owned by root or by
-    us, and writable by nobody else, except a sticky folder (such as /tmp) whose next entry
-    on the way is owned by root or by us: there, others may add names but cannot move or
-    remove ours."""
-    me = os.geteuid()
-    parts = os.path.abspath(folder).split(os.sep)[1:]
-    path, above = os.sep, None
-    for name in ["", *parts]:
-        path = os.path.join(path, name) if name else path
-        try:
-            st = os.lstat(path)
-        except OSError:
-            return False
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid not in (0, me):
-            return False
-        if above is not None and above.st_mode & 0o022 and not above.st_mode & stat.S_ISVTX:
-            return False  # the folder above lets others rename this one
-        above = st
-    return not above.st_mode & 0o022
-
-
-def runtime_candidates() -> list[str]:
-    """Where the grader keeps its runtime state, best first: a folder only root can create in
-    (/run) when run as root, else the user's own runtime folder ($XDG_RUNTIME_DIR); then the
-    user's home, from the password database (not $HOME, which `sudo` may keep)."""
-    import pwd
-
-    me = os.geteuid()
-    out = []
-    if me == 0:
-        out.append("/run/autograder")
-    else:
-        xdg = os.environ.get("XDG_RUNTIME_DIR", "")
-        if os.path.isabs(xdg):
-            out.append(os.path.join(xdg, "autograder"))
-    try:
-        home = pwd.getpwuid(me).pw_dir
-    except KeyError:
-        home = ""
-    if os.path.isabs(home):
-        out.append(os.path.join(home, ".cache", f"autograder-runtime-{me}"))
-    return out
-
-
-def runtime_dir(candidates: list[str] | None = None) -> str:
-    """The grader's runtime folder for this user: the first candidate (`runtime_candidates`) that
-    no other user could have created or planted, made here with mode 0700 if missing.
-
-    A candidate is skipped when a folder on its way is not private (`_private_chain`), or when
-    something other than our own 0700 folder already has its name; a grading process never
-    chooses a place that a local user could take first (a world-writable /tmp was one: any user
-    could create the folder there before the first `grade`, and every grading run by root then
-    refused to start)."""
-    from .sandbox import SandboxUnavailable
-
-    tried = []
-    for folder in candidates if candidates is not None else runtime_candidates():
-        parent = os.path.dirname(os.path.abspath(folder))
-        existing = parent
-        while not os.path.lexists(existing):
-            existing = os.path.dirname(existing)
-        if not _private_chain(existing):
-            tried.append(f"{folder} (a folder above it is not private to uid {os.geteuid()} or root)")
-            continue
-        try:
-            os.makedirs(parent, mode=0o700, exist_ok=True)
-            if not _private_chain(parent):
-                tried.append(f"{folder} (a folder above it is not private to uid {os.geteuid()} or root)")
-                continue
-            os.mkdir(folder, 0o700)
-        except FileExistsError:
-            pass
-        except OSError as exc:
-            tried.append(f"{folder} ({exc.strerror})")
-            continue
-        st = os.lstat(folder)
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
-            tried.append(f"{folder} (not a folder of uid {os.geteuid()} with mode 0700)")
-            continue
-        return folder
-    raise SandboxUnavailable("no private folder for the grader's runtime state: " + "; ".join(tried or ["none"]))
-
-
-# --- uid slots: disjoint sandbox uids for every grading process of a machine ----------------
-
-_held: dict[str, tuple[int, int]] = {}  # slot folder -> (slot, fd): held until the process ends
-_held_lock = threading.Lock()
-
-
-def uid_slot(count: int, slots: int = UID_SLOTS, folder: str | None = None) -> tuple[int, int]:
-    """(first uid offset, uids in the share) of this process's slot, taken once per process.
-
-    Slot k owns offsets [k * share, (k + 1) * share) of the sandbox uid range, share =
-    count // slots. The lock is an flock on FOLDER/slot-k, so it ends with the process,
-    however it ends (SIGKILL included), and the slot is free for the next one."""
-    slots = max(min(slots, count), 1)
-    share = count // slots
-    with _held_lock:
-        folder = folder or os.path.join(runtime_dir(), UID_SLOT_DIR)
-        if folder in _held:
-            return _held[folder][0] * share, share
-        from .sandbox import SandboxUnavailable
-
-        os.makedirs(folder, mode=0o700, exist_ok=True)
-        st = os.lstat(folder)
-        # Someone else's folder could hold every slot locked, or swap a lock file under us.
-        if not os.path.isdir(folder) or os.path.islink(folder) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
-            raise SandboxUnavailable(f"{folder} must be a folder of uid {os.geteuid()} with mode 0700 "
-                                     "(it holds the grading processes' uid slots)")
-        for k in range(slots):
-            fd = os.open(os.path.join(folder, f"slot-{k}"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-                         0o600)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                os.close(fd)
-                continue
-            _held[folder] = (k, fd)
-            return k * share, share
-        raise SandboxUnavailable(f"all {slots} uid slots in {folder} are taken: more grading processes run on "
-                                 "this machine than it has sandbox uids for (raise AUTOGRADER_SANDBOX_UID_COUNT)")
-
-
-def make_sandbox(forbidden=(), memory_cgroup: str | None = "auto"):
-    """A probed sandbox for this process; in root mode its uids are this process's slot's share."""
-    from .sandbox import SANDBOX_UID, SANDBOX_UID_COUNT, Sandbox
-
-    kw = {}
-    if os.geteuid() == 0:
-        offset, share = uid_slot(SANDBOX_UID_COUNT)
-        kw = {"uid": SANDBOX_UID + offset, "uid_count": share}
-    sandbox = Sandbox(forbidden=list(forbidden), memory_cgroup=memory_cgroup, **kw)
-    sandbox.probe()
-    return sandbox
-
-
 # --- the task ---------------------------------------------------------------------------
-
-def supports_warm() -> bool:
-    from .grader import Grader
-
-    return "warm" in inspect.signature(Grader).parameters
-
 
 def new_grader(key: str, *, sandbox, overrides: dict | None, warm: bool):
     """A `Grader` for `key`; GraderConfigError if the course's files are inconsistent."""
     from .assignments import get_assignment
     from .grader import Grader
 
-    kw = {"warm": True} if warm and supports_warm() else {}
+    kw = {"warm": True} if warm else {}
     return Grader(get_assignment(key), sandbox=sandbox, overrides=overrides, **kw)
 
 
@@ -246,6 +95,8 @@ class _JobState:
             torch.set_num_threads(1)  # one job, one core: N jobs fill N cores without oversubscribing
             self.configured = True
         if skey not in self.sandboxes:
+            from .sandbox import make_sandbox
+
             self.sandboxes[skey] = make_sandbox(cfg["forbidden"], cfg["cgroup"]) if cfg["use"] else None
         gkey = json.dumps([task["key"], task["overrides"], skey, task["warm"]], sort_keys=True)
         if gkey not in self.graders:
@@ -306,18 +157,14 @@ def grade_task(task: dict, grader=None) -> dict:
 def result_of(outcome, task: dict, grader):
     """The `Result` of a task: rebuilt from a worker's dict, or a grader error if the task failed
     (an exception: the worker could not grade; never the learner's loss)."""
-    from .grader import GRADER_ERROR, CheckResult, Result
+    from .grader import GRADER_ERROR, Result
 
     if isinstance(outcome, dict) and isinstance(outcome.get("result"), dict):
-        d = outcome["result"]
-        fields = [f for f in Result.__dataclass_fields__ if f != "checks"]
-        checks = [CheckResult(**{f: c[f] for f in CheckResult.__dataclass_fields__}) for c in d["checks"]]
-        return Result(**{f: d[f] for f in fields}, checks=checks)
-    return Result(assignment=task["key"], notebook=task["label"], student=task["student"], status=GRADER_ERROR,
-                  error=(f"the grading job failed ({type(outcome).__name__}: {str(outcome)[:300]}); the details are "
-                         "in the grading log. This is not the learner's fault: regrade"),
-                  max_score=grader.max_score, seed=task["seed"],
-                  parts={p: {"score": 0.0, "max_score": m} for p, m in grader.parts.items()})
+        return Result.from_dict(outcome["result"])
+    return Result.blank(task["key"], task["label"], grader.parts, student=task["student"], status=GRADER_ERROR,
+                        error=(f"the grading job failed ({type(outcome).__name__}: {str(outcome)[:300]}); the details "
+                               "are in the grading log. This is not the learner's fault: regrade"),
+                        seed=task["seed"])
 
 
 def prepare(task: dict) -> str:

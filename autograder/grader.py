@@ -29,7 +29,7 @@ import sys
 import time
 import traceback
 import zlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -90,6 +90,21 @@ class Result:
         d = asdict(self)
         d["score"], d["max_score"] = round(self.score, 4), round(self.max_score, 4)
         return d
+
+    @classmethod
+    def blank(cls, assignment: str, notebook, parts: dict, *, student: str = "", status: str = GRADED,
+              error: str = "", seed: int | None = None) -> Result:
+        """A result without a point yet: every part of `parts` (part -> its points) at 0, out of their
+        sum. What a grade starts from, and all there is of a submission that was not graded."""
+        return cls(assignment=assignment, notebook=str(notebook), student=student, status=status, error=error,
+                   max_score=float(sum(parts.values())), seed=seed,
+                   parts={p: {"score": 0.0, "max_score": m} for p, m in parts.items()})
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Result:
+        """The result whose `to_dict` is `d` (every field is required, a check's too; other keys are ignored)."""
+        checks = [CheckResult(**{f.name: c[f.name] for f in fields(CheckResult)}) for c in d["checks"]]
+        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name != "checks"}, checks=checks)
 
 
 def _who(name: str) -> str:
@@ -247,9 +262,8 @@ class Grader:
     def __exit__(self, *exc):
         self.close()
 
-    def _result(self, path, student: str, seed: int) -> Result:
-        return Result(assignment=self.assignment.key, notebook=str(path), student=student, seed=seed,
-                      max_score=self.max_score, parts={p: {"score": 0.0, "max_score": m} for p, m in self.parts.items()})
+    def new_result(self, path, student: str, seed: int) -> Result:
+        return Result.blank(self.assignment.key, path, self.parts, student=student, seed=seed)
 
     def grade(self, path: str | Path, *, student: str = "", seed: int | None = None, label: str = "",
               submission: Submission | None = None) -> Result:
@@ -260,7 +274,7 @@ class Grader:
         this grader's sandbox; it is given this notebook's cells, limits and seed and is closed here."""
         start = time.monotonic()
         seed = secrets.randbelow(2**31) if seed is None else int(seed)
-        result = self._result(label or path, student, seed)
+        result = self.new_result(label or path, student, seed)
         try:
             self._grade(Path(path), result, submission)
         except Exception as exc:  # noqa: BLE001 - a fault of ours must not lose the submission
@@ -294,7 +308,7 @@ class Grader:
                                  python=self.python, notebook=path, template=self.template)
             else:
                 sub.configure(code_cells(nb), limits=self.limits, seed=result.seed)
-            self._run_checks(sub, result)
+            self.run_checks(sub, result)
             result.notes += [f"{e['cell']}, line {e['line']}: {e['error']}" for e in sub.load_errors]
             result.notes += sub.load_notes
         finally:
@@ -302,7 +316,7 @@ class Grader:
                 sub.close()
         result.notes = cap(result.notes, self.limits, dropped=sub.load_dropped)
 
-    def _call_check(self, check: HiddenCheck, sub: Submission, s: int) -> None:
+    def call_check(self, check: HiddenCheck, sub: Submission, s: int) -> None:
         """Run one check against `sub` under the check's seed `s` (in both processes)."""
         torch.manual_seed(s)
         np.random.seed(s % 2**32)
@@ -340,14 +354,14 @@ class Grader:
             return None
         try:
             ref.ensure_started()
-            self._call_check(check, ref, s)
+            self.call_check(check, ref, s)
             return True
         except Exception:  # noqa: BLE001 - failing or crashing on the reference: the check's own fault
             log.error("hidden check %s fails on the reference too, seed %d:\n%s", check.name, s,
                       traceback.format_exc())
             return False
 
-    def _run_checks(self, sub: Submission, result: Result) -> None:
+    def run_checks(self, sub: Submission, result: Result) -> None:
         faults = []
         replay: dict = {}  # the reference's worker, started at the first crash, for this submission
         try:
@@ -367,7 +381,7 @@ class Grader:
             passed, hint, fault = False, "", False
             sub.last_returned = None
             try:
-                self._call_check(check, sub, s)
+                self.call_check(check, sub, s)
                 passed = True
             except (Hint, GradingError) as exc:
                 hint = hint_for(exc)

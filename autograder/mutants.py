@@ -4,8 +4,9 @@
 (the code between ``### BEGIN SOLUTION`` and ``### END SOLUTION``), makes *mutants* of it,
 each one small change to one expression or statement, turns every mutant into a learner
 notebook (the reference notebook with that one cell changed) and grades them all with the
-real grader (``python -m autograder grade``, sandboxed, in parallel). A mutant is *killed*
-when it scores below full marks; it *survives* when it keeps every point.
+real grader (one `GradingRun` in this process, the run of ``python -m autograder grade``:
+sandboxed, in parallel). A mutant is *killed* when it scores below full marks; it
+*survives* when it keeps every point.
 
 The mutation operators are the mistakes tensor code invites: the axis of a reduction or a
 softmax, a transpose dropped, the 1/sqrt(d) scale dropped or squared, a mask inverted, a
@@ -40,8 +41,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 import tomllib
@@ -694,25 +693,27 @@ def _write_notebooks(assignment, mutants, folder: Path) -> dict[str, Mutant]:
     return by_student
 
 
-def grade_with_cli(assignment, mutants, work: Path, *, jobs: int | None = None, sandbox: bool = True,
-                   warm: bool = True, seed: int = 1, timeout: float | None = None) -> dict[str, dict]:
-    """mutant id -> its grading record, from one `python -m autograder grade --json` run."""
+def grade_batch(assignment, mutants, work: Path, *, jobs: int | None = None, sandbox: bool = True,
+                warm: bool = True, seed: int = 1, timeout: float | None = None) -> dict[str, dict]:
+    """mutant id -> its grading record, from one grading run in this process: the run of
+    `python -m autograder grade WORK/submitted --out WORK/out --force --seed SEED` (`GradingRun`),
+    sandboxed unless `sandbox` is False, on `jobs` jobs, warm if `warm`, silent on stderr. The
+    checks run on one thread, as they did in a `grade` process of their own, unless
+    OMP_NUM_THREADS says otherwise."""
+    import torch
+
+    from .grading_run import GradingRun, quiet
+
     by_student = _write_notebooks(assignment, mutants, work / "submitted")
-    cmd = [sys.executable, "-m", "autograder", "grade", str(work / "submitted"), "--assignment", assignment.key,
-           "--out", str(work / "out"), "--json", "--force", "--seed", str(seed)]
-    if jobs:
-        cmd += ["--jobs", str(jobs)]
-    if warm:
-        cmd.append("--warm")
-    if not sandbox:
-        cmd.append("--no-sandbox")
-    if timeout:
-        cmd += ["--timeout", str(timeout)]
-    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if proc.returncode not in (0, 3):
-        raise RuntimeError(f"grading failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
-    summary = json.loads(proc.stdout)
+    run = GradingRun(assignment.key, [work / "submitted"], work / "out", force=True, seed=seed, jobs=jobs or None,
+                     sandbox=sandbox, warm=warm, timeout=timeout or None, progress=quiet)
+    threads = torch.get_num_threads()
+    if "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(1)
+    try:
+        summary = run.run()
+    finally:
+        torch.set_num_threads(threads)
     return {by_student[s["student"]].id: s for s in summary["submissions"]}
 
 
@@ -815,20 +816,18 @@ def run(key: str, *, jobs: int | None = None, sample_size: int | None = None, sa
     chosen = sample(every, sample_size, exclude=set(equivalent) | set(gaps)) if sample_size else every
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix=f"mutants-{key}-") as tmp:
-        records = grade_with_cli(assignment, chosen, Path(work or tmp), jobs=jobs, sandbox=sandbox, warm=warm,
-                                 seed=seed, timeout=timeout) if chosen else {}
+        records = grade_batch(assignment, chosen, Path(work or tmp), jobs=jobs, sandbox=sandbox, warm=warm,
+                              seed=seed, timeout=timeout) if chosen else {}
     return report(key, chosen, records, equivalent, time.monotonic() - start, all_ids={m.id for m in every},
                   gaps=gaps)
 
 
 def mutants_command(args) -> int:
-    try:
-        get_assignment(args.assignment)
-    except KeyError as exc:
-        print(f"error: {exc.args[0]}", file=sys.stderr)
-        return 2
+    from .usage import known_assignment
+
+    assignment = known_assignment(args.assignment)  # else a usage error
     if args.list:
-        for m in mutants_of(get_assignment(args.assignment)):
+        for m in mutants_of(assignment):
             print(f"{m.id}  {m.function}:{m.line}\n    - {m.before.strip()}\n    + {m.after.strip()}")
         return 0
     out = Path(args.out) if args.out else None

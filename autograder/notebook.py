@@ -1,6 +1,7 @@
 """Read a learner's notebook safely, and audit its nbgrader cells.
 
-Nothing here executes or parses learner code: the file is read with a size cap and
+Nothing here executes or parses learner code: the file is read with a size cap (by the
+one reader of learner files, `autograder.regular_file`, which never follows a link) and
 parsed as JSON after a linear count of its containers, so reading costs time and memory
 proportional to its (bounded) size. Deciding which statements of a cell run is the
 worker's job, inside the sandbox (see `autograder.worker`).
@@ -10,12 +11,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .limits import DEFAULT, Limits
+from .regular_file import ERROR, LINK, read_file
 from .text import safe_list
 
 
@@ -31,37 +31,23 @@ class ParsedNotebook:
     assignment: str | None = None
 
 
-def read_at_most(fd: int, limit: int) -> bytes:
-    """The bytes of `fd` up to `limit` + 1 (so that a caller sees it was over the limit), no more."""
-    chunks, total = [], 0
-    while total <= limit:
-        chunk = os.read(fd, min(1 << 20, limit + 1 - total))
-        if not chunk:
-            break
-        chunks.append(chunk)
-        total += len(chunk)
-    return b"".join(chunks)
-
-
 def read_bytes(path: Path, limit: int) -> bytes:
-    """At most `limit` bytes of a regular file; never blocks on a FIFO or reads a device."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise NotebookError(f"cannot read {path.name}: {exc.strerror}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise NotebookError(f"{path.name} is not a regular file")
-        if st.st_size > limit:
-            raise NotebookError(f"{path.name} is {st.st_size / 2**20:.1f} MiB; notebooks over "
-                                f"{limit / 2**20:g} MiB are not graded (clear large outputs first)")
-        data = read_at_most(fd, limit)
-        if len(data) > limit:
-            raise NotebookError(f"{path.name} grew past {limit / 2**20:g} MiB while it was read")
-        return data
-    finally:
-        os.close(fd)
+    """At most `limit` bytes of a regular file, read as every learner's file is (`regular_file`):
+    never through a link, never blocking on a FIFO, never from a device."""
+    path = Path(path)
+    got = read_file(path, limit)
+    if got.refused == LINK:
+        raise NotebookError(f"{path.name} is a symbolic link (never followed)")
+    if got.refused == ERROR:
+        raise NotebookError(f"cannot read {path.name}: {got.strerror}")
+    if got.refused:
+        raise NotebookError(f"{path.name} is not a regular file")
+    if got.size > limit:
+        raise NotebookError(f"{path.name} is {got.size / 2**20:.1f} MiB; notebooks over "
+                            f"{limit / 2**20:g} MiB are not graded (clear large outputs first)")
+    if got.over(limit):
+        raise NotebookError(f"{path.name} grew past {limit / 2**20:g} MiB while it was read")
+    return got.data
 
 
 def read_notebook(path: str | Path, limits: Limits = DEFAULT) -> ParsedNotebook:

@@ -22,19 +22,19 @@ from __future__ import annotations
 
 import os
 import select
-import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from . import protocol as P
 from .limits import DEFAULT, Limits
-
-WORKER_FILES = tuple(Path(__file__).resolve().parent / name for name in ("worker.py", "protocol.py"))
+from .memory_meters import cgroup_meter, cgroup_usage, proc_status, process_meter, sandboxed_worker_pid
+from .processes import OutputDrain, kill_group
+from .unavailable import TemplateUnavailable
+from .worker_files import WORKER_FILES
 
 
 class GradingError(Exception):
@@ -78,95 +78,8 @@ class BoundaryError(GradingError):
     """The worker sent something that breaks the protocol, or too much of it."""
 
 
-class _Output:
-    """Drains a pipe in a thread, keeping at most `cap` bytes."""
-
-    def __init__(self, fd: int, cap: int):
-        self.data = bytearray()
-        self.dropped = 0
-        self.cap = cap
-        self.thread = threading.Thread(target=self._run, args=(fd,), daemon=True)
-        self.thread.start()
-
-    def _run(self, fd: int) -> None:
-        with os.fdopen(fd, "rb", buffering=0) as f:
-            while True:
-                chunk = f.read(65536)
-                if not chunk:
-                    return
-                room = max(self.cap - len(self.data), 0)
-                self.data += chunk[:room]
-                self.dropped += max(len(chunk) - room, 0)
-
-    def text(self) -> str:
-        s = self.data.decode("utf-8", "replace")
-        return s + (f"\n[... {self.dropped} more bytes of output dropped]" if self.dropped else "")
-
-
 def _str(x, n: int) -> str:
     return x[:n] if isinstance(x, str) else ""
-
-
-def kill_group(proc: subprocess.Popen) -> None:
-    """SIGKILL everything in the process group `proc` leads (it was started in a session of its
-    own) and reap it, waiting at most 10 s."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        pass
-
-
-def _read_int(path: str) -> int:
-    with open(path, "rb") as f:
-        return int(f.read(64).split()[0])
-
-
-def _cgroup_usage(path: str) -> int:
-    """A memory cgroup's current usage in bytes (v2's memory.current, v1's memory.usage_in_bytes)."""
-    current = os.path.join(path, "memory.current")
-    return _read_int(current if os.path.exists(current) else os.path.join(path, "memory.usage_in_bytes"))
-
-
-def _proc_status(pid: int, field: str) -> int:
-    """A size field (in kB there) of /proc/PID/status, in bytes."""
-    with open(f"/proc/{pid}/status", "rb") as f:
-        for line in f.read(1 << 16).splitlines():
-            if line.startswith(field.encode() + b":"):
-                return int(line.split()[1]) * 1024
-    raise ValueError(field)
-
-
-def sandboxed_worker_pid(root: int, proc: str = "/proc") -> int | None:
-    """The host pid of a sandboxed worker's Python process: the one process below `root` (the
-    sandbox's first process: bubblewrap, then its init in the worker's PID namespace) that has
-    no child. Looked up before the learner's code is loaded, when no other process is there;
-    None unless there is exactly one."""
-    children: dict[int, list[int]] = {}
-    for name in os.listdir(proc):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"{proc}/{name}/stat", "rb") as f:
-                data = f.read(4096)
-            ppid = int(data[data.rindex(b")") + 2:].split()[1])  # the name in parentheses may hold anything
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(ppid, []).append(int(name))
-    leaves, todo, seen = [], [root], set()
-    while todo:
-        pid = todo.pop()
-        if pid in seen:
-            continue
-        seen.add(pid)
-        kids = children.get(pid, [])
-        if not kids and pid != root:
-            leaves.append(pid)
-        todo.extend(kids)
-    return leaves[0] if len(leaves) == 1 else None
 
 
 class Submission:
@@ -241,8 +154,6 @@ class Submission:
         cgroup = None
         child = None
         if self.template is not None:
-            from .warm import TemplateUnavailable
-
             t0 = time.monotonic()
             try:
                 child = self.template.spawn(req_r, rep_w, out_w)
@@ -285,7 +196,7 @@ class Submission:
         os.set_blocking(rep_r, False)
         self._req, self._rep = req_w, rep_r
         self._buf = bytearray()
-        self._out = _Output(out_r, self.limits.output_bytes)
+        self._out = OutputDrain(out_r, self.limits.output_bytes)
         self.generation += 1
 
     def _kill(self) -> None:
@@ -394,13 +305,13 @@ class Submission:
         it (a warm worker: after it was moved into its own cgroup). None where it cannot be read."""
         try:
             if self._cgroup is not None:
-                return {"generation": self.generation, "cgroup": self._cgroup, "bytes": _cgroup_usage(self._cgroup)}
+                return {"generation": self.generation, "cgroup": self._cgroup, "bytes": cgroup_usage(self._cgroup)}
             if not isinstance(self.proc, subprocess.Popen):
                 return None  # a warm worker is measured only through its cgroup
             # unsandboxed, the worker is our child; sandboxed, the Python process below bubblewrap
             pid = self.proc.pid if self.sandbox is None else sandboxed_worker_pid(self.proc.pid)
             if pid is not None:
-                return {"generation": self.generation, "pid": pid, "bytes": _proc_status(pid, "VmRSS")}
+                return {"generation": self.generation, "pid": pid, "bytes": proc_status(pid, "VmRSS")}
         except (OSError, ValueError, IndexError):
             pass
         return None
@@ -432,76 +343,10 @@ class Submission:
             if "cgroup" in base:
                 if base["cgroup"] != self._cgroup:
                     return none
-                return self._cgroup_meter(self._cgroup, base["bytes"])
-            return self._process_meter(base["pid"], base["bytes"])
+                return cgroup_meter(self._cgroup, base["bytes"])
+            return process_meter(base["pid"], base["bytes"])
         except (OSError, ValueError, IndexError):
             return none
-
-    @staticmethod
-    def _cgroup_meter(path: str, base: int):
-        def read(name: str) -> int:
-            return _read_int(os.path.join(path, name))
-
-        def above(n: int) -> int:
-            return max(n - base, 0)
-
-        failed = (None, None, None)
-        peak_file = os.path.join(path, "memory.peak")
-        if os.path.exists(peak_file):  # cgroup v2
-            fd = -1
-            try:
-                fd = os.open(peak_file, os.O_RDWR | os.O_CLOEXEC)
-                os.write(fd, b"reset\n")
-            except OSError:
-                if fd >= 0:
-                    os.close(fd)
-                fd = -1
-            try:
-                start = read("memory.current")
-            except (OSError, ValueError, IndexError):
-                if fd >= 0:
-                    os.close(fd)
-                raise
-            if fd >= 0:
-                def stop():
-                    try:
-                        return above(int(os.pread(fd, 64, 0).split()[0])), above(start), "cgroup"
-                    except (OSError, ValueError, IndexError):
-                        return failed
-                    finally:
-                        os.close(fd)
-                return stop
-
-            def stop_lifetime():
-                try:
-                    return above(read("memory.peak")), above(start), "cgroup"
-                except (OSError, ValueError, IndexError):
-                    return failed
-            return stop_lifetime
-        # cgroup v1: the trusted side may reset the high-water mark to the current usage
-        with open(os.path.join(path, "memory.max_usage_in_bytes"), "w") as f:
-            f.write("0")
-        start = read("memory.usage_in_bytes")
-
-        def stop_v1():
-            try:
-                return above(read("memory.max_usage_in_bytes")), above(start), "cgroup"
-            except (OSError, ValueError, IndexError):
-                return failed
-        return stop_v1
-
-    @staticmethod
-    def _process_meter(pid: int, base: int):
-        with open(f"/proc/{pid}/clear_refs", "w") as f:
-            f.write("5")  # the peak resident set becomes the current one
-        start = _proc_status(pid, "VmRSS")
-
-        def stop():
-            try:
-                return max(_proc_status(pid, "VmHWM") - base, 0), max(start - base, 0), "process"
-            except (OSError, ValueError, IndexError):
-                return None, None, None
-        return stop
 
     # requests --------------------------------------------------------------------------
     def _request(self, req: dict, *, name: str, timeout: float | None = None):

@@ -182,9 +182,9 @@ class ReusedWorker:
         """Every check under `seed`."""
         if self.cells is None:
             return _record(self.grader.grade(self.path, seed=seed))
-        result = self.grader._result(self.path, "", seed)
+        result = self.grader.new_result(self.path, "", seed)
         try:
-            self.grader._run_checks(self._submission(seed), result)
+            self.grader.run_checks(self._submission(seed), result)
         except Exception as exc:  # noqa: BLE001 - reported as a grader error, as Grader.grade does
             result.status, result.error = "grader_error", f"{type(exc).__name__}: {exc}"
         result.score = float(sum(p["score"] for p in result.parts.values()))
@@ -204,7 +204,7 @@ class ReusedWorker:
             if check.name not in names:
                 continue
             try:
-                self.grader._call_check(check, sub, check_seed(seed, check.name))
+                self.grader.call_check(check, sub, check_seed(seed, check.name))
             except (Hint, GradingError):
                 return check.name
             except Exception:  # noqa: BLE001 - a crash: the full grade replays it as grade would
@@ -486,16 +486,13 @@ def run(key: str, *, seeds: list[int], jobs: int = 1, rows=True, mutants=True, r
 
 
 def seeds_command(args) -> int:
+    from .usage import UsageError, known_assignment
+
     keys = args.assignment
-    try:
-        for key in keys:
-            get_assignment(key)
-    except KeyError as exc:
-        print(f"error: {exc.args[0]}", file=sys.stderr)
-        return 2
+    for key in keys:
+        known_assignment(key)  # else a usage error
     if (args.rows or args.mutant) and len(keys) != 1:
-        print("error: --rows and --mutant name the rows or mutants of one exercise", file=sys.stderr)
-        return 2
+        raise UsageError("--rows and --mutant name the rows or mutants of one exercise")
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     progress = None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
     reports, status = [], 0
@@ -504,9 +501,8 @@ def seeds_command(args) -> int:
             rep = run(key, seeds=seeds, jobs=args.jobs, rows=not args.mutants_only, mutants=not args.table_only,
                       row_names=args.rows.split(",") if args.rows else None, mutant_sample=args.sample,
                       mutant_ids=args.mutant or None, sandbox=args.sandbox, progress=progress)
-        except KeyError as exc:
-            print(f"error: {exc.args[0]}", file=sys.stderr)
-            return 2
+        except KeyError as exc:  # a row or mutant that does not exist
+            raise UsageError(exc.args[0]) from None
         reports.append(rep)
         text = format_report(rep)
         if args.out:

@@ -3,7 +3,7 @@
 Starting Python and importing torch costs about a second per worker; a `Template` pays it
 once. It is started in the sandbox exactly as a worker is (bubblewrap, the seccomp filter,
 the sandbox uid, RLIMITs, a memory cgroup of its own), imports NumPy and torch, and waits on
-a private socket (`worker.template_main`). For each submission the trusted side (this
+a private socket (`warm_server.template_main`). For each submission the trusted side (this
 module, in the grader's process) passes it the submission's three pipes with SCM_RIGHTS; the
 template forks a worker, which:
 
@@ -48,11 +48,13 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
+
+from .processes import OutputDrain, kill_group
+from .unavailable import TemplateUnavailable
+from .worker_files import TEMPLATE_FILES
 
 log = logging.getLogger("autograder")
 
-TEMPLATE_FILES = tuple(Path(__file__).resolve().parent / name for name in ("worker.py", "protocol.py", "seccomp.py"))
 SPAWN_SECONDS = 15.0   # a fork; a template that takes longer is replaced
 RENEW_SECONDS = 30.0   # replacing /tmp and /dev/shm: kernel time that grows with the files left there
 BUSY_SECONDS = 2.0     # how long an unmount may find /tmp busy (a process still ending) before it gives up
@@ -123,10 +125,6 @@ sys.stdout.write("ok")
 '''
 
 
-class TemplateUnavailable(RuntimeError):
-    """No template could serve this submission; it is graded by a fresh worker instead."""
-
-
 class _Broken(Exception):
     """The template misbehaved (late, dead, malformed, dirty): replace it."""
 
@@ -180,7 +178,7 @@ class Child:
         cgs = self.template.sandbox.cgroups
         deadline = time.monotonic() + EMPTY_SECONDS
         while _procs(self.cgroup) and time.monotonic() < deadline:
-            cgs._kill_all(self.cgroup)
+            cgs.kill_all(self.cgroup)
             time.sleep(0.002)
         empty = not _procs(self.cgroup)
         os.close(self.pidfd)
@@ -228,8 +226,6 @@ class Template:
 
     # life cycle ------------------------------------------------------------------------------
     def _launch(self) -> None:
-        from .runner import _Output
-
         t0 = time.monotonic()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         out_r, out_w = os.pipe()
@@ -251,7 +247,7 @@ class Template:
             for fd in (w.close_fds if w is not None else ()):
                 os.close(fd)
         self.sock, self.cgroup, self._release = ours, w.cgroup, w.release
-        self._out = _Output(out_r, 1 << 16)
+        self._out = OutputDrain(out_r, 1 << 16)
         self.generation += 1
         self.starts += 1
         hello = self._recv(START_SECONDS)
@@ -285,8 +281,6 @@ class Template:
                 os.close(self.pidfd)
                 self.pidfd = None
             if self.proc is not None:
-                from .runner import kill_group
-
                 kill_group(self.proc)
                 self.proc = None
             if self._release is not None:
@@ -359,7 +353,7 @@ class Template:
                 raise _Broken("the forked worker could not be moved into its own cgroup")
         except BaseException:
             if cg is not None:
-                cgs._kill_all(cg)
+                cgs.kill_all(cg)
                 cgs.release(cg)
             try:
                 signal.pidfd_send_signal(pidfd, signal.SIGKILL)

@@ -15,13 +15,14 @@ overlaps the trusted side's own, and so that it does not count against the loadi
 learner's code. No learner code runs before the load request.
 
 Started as ``python -I worker.py --template CTRL_FD`` it is instead the warm start's
-template (see `autograder.warm`): it imports NumPy and PyTorch once, then, for each
-submission, forks a worker that runs `main` on the pipes the trusted side passed over
-CTRL_FD. The template never runs learner code, and never reads what learner code left
-behind: the trusted side cleans the sandbox's writable folders from outside.
+template (`warm_server.template_main`; the trusted side is `autograder.warm`): it imports NumPy
+and PyTorch once, then, for each submission, forks a worker that runs `main` on the pipes the
+trusted side passed over CTRL_FD.
 
-This file depends on the standard library, NumPy and PyTorch only (imported before the first
-request with `--preload`, as the grader starts it; otherwise when the learner's code imports it).
+This file depends on the standard library, NumPy and PyTorch (imported before the first request
+with `--preload`, as the grader starts it; otherwise when the learner's code imports it), and on
+the files copied beside it (`autograder.worker_files`), which it imports as top-level modules:
+`protocol`, `device_check` (the device check's dispatch mode), and for a template `warm_server`.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import traceback
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import protocol as P  # noqa: E402
+from device_check import device_check_mode  # noqa: E402
 
 KEPT = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef,
         ast.Assign, ast.AnnAssign, ast.AugAssign)
@@ -75,102 +77,6 @@ def statements(cells: list) -> tuple[list[dict], list[str]]:
             text = ast.unparse(node) if i in shared else "\n".join(lines[first - 1: last])
             out.append({"cell": label, "line": first, "source": text})
     return out, notes
-
-
-def _device_check_mode():
-    """A dispatch mode that stands in for a GPU on a CPU-only grader, through the meta device.
-
-    Every operation that mixes a meta tensor with a CPU tensor of one or more dimensions
-    fails, as CUDA does with CPU tensors (0-dim CPU tensors mix, as on CUDA; device copies and
-    index tensors are allowed): the meta device's own kernels miss some of these (a matmul, a
-    gather), so the mode checks every operation itself.
-
-    The operations themselves do not run on the meta device's kernels: many of those are
-    written in Python and their first call imports PyTorch's compiler (about 0.7 s, more than
-    most checks take). Views (in place too), device copies and detaches run on the meta tensors;
-    every other operation on meta tensors runs on CPU stand-ins of the same shape, strides and
-    dtype (ones for floating point, zeros otherwise), and its results come back as meta
-    tensors, or as the caller's own tensors where the operation writes in place. What depends
-    on the values (.item(), `if mask.any():`, a boolean mask's selection) raises
-    NotImplementedError, as the meta device cannot run it either: such code gets no verdict."""
-    import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_leaves, tree_map
-
-    aten = torch.ops.aten
-    allowed = {aten._to_copy, aten.copy_, aten.index, aten.index_put, aten.index_put_, aten._index_put_impl_,
-               aten.lift_fresh, aten.lift_fresh_copy, aten.detach, aten.alias}
-    direct = {aten._to_copy, aten.copy_, aten.detach, aten.alias, aten.lift_fresh, aten.lift_fresh_copy,
-              aten.resize_}  # metadata and device copies: the meta device's own kernels are C++
-    data_dependent = {aten._local_scalar_dense, aten.nonzero, aten.masked_select, aten.equal, aten.is_nonzero,
-                      aten._unique, aten._unique2, aten.unique_dim, aten.unique_consecutive, aten.bincount,
-                      aten.argwhere, aten.nonzero_numpy}
-    by_mask = {aten.index, aten.index_put, aten.index_put_, aten._index_put_impl_}
-
-    def on_meta(a) -> bool:
-        return isinstance(a, torch.Tensor) and a.device.type == "meta"
-
-    def stand_in(a):
-        if isinstance(a, torch.device) and a.type == "meta":
-            return torch.device("cpu")
-        if not on_meta(a):
-            return a
-        size, stride, offset = a.size(), a.stride(), a.storage_offset()
-        n = 0 if 0 in size else 1 + sum((s - 1) * st for s, st in zip(size, stride))
-        fill = 1 if (a.is_floating_point() or a.is_complex()) else 0
-        return torch.full((offset + n,), fill, dtype=a.dtype).as_strided(size, stride, offset)
-
-    def as_meta(o):
-        if isinstance(o, torch.Tensor):
-            return torch.empty_strided(o.size(), o.stride(), dtype=o.dtype, device="meta")
-        return o
-
-    def written(func, args, kwargs, i):
-        """The caller's argument that return `i` of `func` writes in place (x.add_(y), out=), or None."""
-        schema = func._schema
-        ret = schema.returns[i].alias_info if i < len(schema.returns) else None
-        if ret is None or not ret.is_write:
-            return None
-        given = dict(zip([a.name for a in schema.arguments], args))
-        given.update(kwargs)
-        for a in schema.arguments:
-            if a.alias_info is not None and a.alias_info.is_write and set(a.alias_info.before_set) & set(
-                    ret.before_set):
-                return given.get(a.name)
-        return None
-
-    class DeviceCheck(TorchDispatchMode):
-        @classmethod
-        def _should_skip_dynamo(cls):
-            # PyTorch wraps a mode's __torch_dispatch__ so that its compiler skips it, which
-            # imports the compiler on the first call; nothing here is ever compiled
-            return False
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            kwargs = kwargs or {}
-            packet = func.overloadpacket
-            tensors = [a for a in tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
-            meta = any(t.device.type == "meta" for t in tensors)
-            if meta and packet not in allowed and any(t.device.type == "cpu" and t.dim() > 0 for t in tensors):
-                raise RuntimeError("Expected all tensors to be on the same device, but found at least two "
-                                   f"devices, meta and cpu! (in {packet.__name__})")
-            to_meta = meta or any(isinstance(v, torch.device) and v.type == "meta" for v in kwargs.values())
-            if not to_meta or packet in direct or func.is_view or torch.Tag.inplace_view in func.tags:
-                return func(*args, **kwargs)
-            if packet in data_dependent or (packet in by_mask and any(
-                    on_meta(i) and i.dtype in (torch.bool, torch.uint8) for i in tree_leaves(args[1:2]))) or (
-                    packet is aten.repeat_interleave and any(on_meta(a) for a in args[1:2])):
-                raise NotImplementedError(f"{packet.__name__} depends on the values of a tensor on the meta "
-                                          "device, which has none")
-            out = func(*tree_map(stand_in, args), **tree_map(stand_in, kwargs))
-            outs = out if isinstance(out, tuple) else (out,)
-            back = []
-            for i, o in enumerate(outs):
-                mine = written(func, args, kwargs, i)
-                back.append(mine if mine is not None else tree_map(as_meta, o))
-            return tuple(back) if isinstance(out, tuple) else back[0]
-
-    return DeviceCheck
 
 
 class _Reply(Exception):
@@ -282,7 +188,7 @@ class Worker:
         try:
             if req.get("device_check"):
                 # the CPU stand-ins of random operations draw numbers, which meta tensors do not
-                with sys.modules["torch"].random.fork_rng(devices=[]), _device_check_mode()():
+                with sys.modules["torch"].random.fork_rng(devices=[]), device_check_mode()():
                     result = fn(*args, **kwargs)
             else:
                 result = fn(*args, **kwargs)
@@ -369,13 +275,15 @@ def preload() -> None:
     x = torch.ones(2, 2, requires_grad=True)
     (x @ x).sum().backward()
     m = torch.ones(2, 2, device="meta")
-    with torch.random.fork_rng(devices=[]), _device_check_mode()():
+    with torch.random.fork_rng(devices=[]), device_check_mode()():
         torch.softmax(m @ m / 2, -1)
 
 
 def main(argv: list[str]) -> int:
     if argv[1:2] == ["--template"]:
-        return template_main(int(argv[2]))
+        import warm_server
+
+        return warm_server.template_main(int(argv[2]), preload=preload, serve=main)
     req_fd, reply_fd = int(argv[1]), int(argv[2])
     if argv[3:4] == ["--preload"]:
         try:
@@ -416,152 +324,6 @@ def main(argv: list[str]) -> int:
             data = P.frame(_error(req_id, P.KIND_CODEC, "CodecError",
                                   f"the result could not be encoded: {type(exc).__name__}"))
         _write(reply_fd, data)
-
-
-# --- the warm start's template ---------------------------------------------------------------
-
-PR_SET_DUMPABLE, PR_SET_SECCOMP, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS, SECCOMP_MODE_FILTER = 4, 22, 36, 38, 2
-
-
-def _prctl(*args) -> None:
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(*[ctypes.c_ulong(a) if isinstance(a, int) else a for a in args]) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
-
-
-def _load_filter(prog: bytes) -> None:
-    import ctypes
-
-    class Fprog(ctypes.Structure):
-        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
-
-    buf = ctypes.create_string_buffer(prog, len(prog))
-    fprog = Fprog(len(prog) // 8, ctypes.cast(buf, ctypes.c_void_p))
-    _prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
-    _prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0)
-
-
-def _shared_writable_mappings() -> int:
-    """Writable shared mappings would be shared with every forked worker: there must be none."""
-    n = 0
-    with open("/proc/self/maps") as f:
-        for line in f:
-            perms = line.split()[1]
-            if perms[1] == "w" and perms[3] == "s":
-                n += 1
-    return n
-
-
-def _child(fds: list[int], ctrl, prog: bytes) -> None:
-    """In the forked worker: become the submission's worker on the passed pipes. Never returns."""
-    import signal
-
-    code = 70
-    try:
-        os.setsid()  # its own session and process group: kill(0) and killpg reach only its own
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        req_fd, reply_fd, out_fd = fds
-        ctrl.close()
-        os.dup2(out_fd, 1)
-        os.dup2(out_fd, 2)
-        keep = {0, 1, 2, req_fd, reply_fd}
-        for name in os.listdir("/proc/self/fd"):
-            fd = int(name)
-            if fd not in keep:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
-        os.chdir("/tmp")
-        _load_filter(prog)
-        code = main([sys.argv[0], str(req_fd), str(reply_fd)])
-    except BaseException:
-        traceback.print_exc()
-    finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        except BaseException:
-            pass
-        os._exit(code if isinstance(code, int) else 70)
-
-
-def template_main(ctrl_fd: int) -> int:
-    """The warm start's template: import once, then fork one worker per request on CTRL_FD.
-
-    Messages are JSON on a SOCK_SEQPACKET socket. The trusted side sends ``{"op": "spawn"}``
-    with three descriptors (requests, replies, output); the template forks and answers
-    ``{"pid"}``, the worker's pid in the sandbox.
-
-    The template never reads or holds anything a learner produced: it looks at no file,
-    folder or process a worker could have touched, and the only message it reads is the
-    trusted side's. What a learner leaves behind is removed from outside (`autograder.warm`):
-    the trusted side replaces /tmp and /dev/shm with new empty tmpfs mounts and resets the
-    PID namespace's last pid before each fork. So the template's memory, and every worker
-    forked from it, is the same whatever the learners before did."""
-    import json
-    import signal
-    import socket
-    import time
-
-    import numpy as np
-    import torch
-
-    preload()  # its lazy set-up too, once, before any fork: not again in every learner's worker
-    torch.ones(8, 8) @ torch.ones(8, 8), np.ones(8) @ np.ones(8)
-    import seccomp as S
-
-    _prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # /proc/PID/mem, environ and ptrace of us need CAP_SYS_PTRACE now
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # workers are reaped by the kernel
-    # A learner's orphans come to us, not to the namespace's init, and are reaped by the kernel
-    # at once (SIGCHLD ignored): no process's counters (the CPU time of reaped children, context
-    # switches) keep a trace of what a learner ran, for the next one to read in /proc.
-    _prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    # Hold nothing of /tmp (bubblewrap started us there): the trusted side unmounts it after
-    # every worker, which a process whose working folder it is would keep busy.
-    os.chdir("/")
-    me = os.getpid()
-    prog = S.child_program(sorted({1, me, os.getpgid(0), os.getsid(0)}))
-    Worker.warm = True
-    ctrl = socket.socket(fileno=ctrl_fd)
-    hello = {"ready": True, "pid": me, "threads": len(os.listdir("/proc/self/task")),
-             "shared": _shared_writable_mappings()}
-    ctrl.send(json.dumps(hello).encode())
-    while True:
-        try:
-            msg, fds, _, _ = socket.recv_fds(ctrl, 4096, 3)
-        except OSError:
-            return 1
-        if not msg:
-            return 0
-        try:
-            req = json.loads(msg)
-        except ValueError:
-            req = None
-        if not isinstance(req, dict) or req.get("op") != "spawn" or len(fds) != 3:
-            for fd in fds:
-                os.close(fd)
-            ctrl.send(json.dumps({"error": "bad request"}).encode())
-            continue
-        sys.stdout.flush()
-        sys.stderr.flush()
-        pid = -1
-        for attempt in range(50):
-            try:
-                pid = os.fork()
-                break
-            except BlockingIOError:
-                # EAGAIN: the previous worker's processes are dead but not all reaped yet, and
-                # they still count against the uid's process limit
-                time.sleep(0.02 * (attempt + 1))
-        if pid == 0:
-            _child(fds, ctrl, prog)
-        for fd in fds:
-            os.close(fd)
-        ctrl.send(json.dumps({"pid": pid} if pid > 0 else {"error": "fork failed"}).encode())
 
 
 if __name__ == "__main__":

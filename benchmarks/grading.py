@@ -115,7 +115,7 @@ def ours(key: str, subs: Path, out: Path, jobs: int, warm: bool, expected: dict)
 
 def main(argv=None) -> int:
     from autograder.assignments import get_assignment
-    from autograder.cohort import default_jobs, supports_warm
+    from autograder.cohort import default_jobs
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--n", type=int, default=6, help="copies of each notebook (2N notebooks; default 6)")
@@ -137,7 +137,7 @@ def main(argv=None) -> int:
         rows = {"import torch (floor)": floor(count)}
         if not args.skip_nbgrader:
             rows["nbgrader autograde"] = nbgrader(key, tmp / "subs", tmp / "course")
-        modes = [False] + ([True] if supports_warm() else [])
+        modes = (False, True)
         for warm in modes:
             for jobs in (1, cpus):
                 label = f"ours, {jobs} job{'s' if jobs > 1 else ''}" + (", warm" if warm else "")

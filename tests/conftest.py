@@ -1,4 +1,5 @@
-"""Shared fixtures: submissions made from the reference, and the command line."""
+"""Shared fixtures: submissions made from the reference, and the command line; and which tests
+are slow (`make test-fast` runs the others: ``pytest -m "not slow"``)."""
 
 from __future__ import annotations
 
@@ -85,6 +86,34 @@ def root() -> Path:
     return ROOT
 
 
+# --- the fast target: what `pytest -m "not slow"` leaves out ----------------------------------
+# A test is slow when it uses one of these fixtures (each an end-to-end run of minutes, shared by
+# the tests that read it), when its whole file is slow, or when it says so itself
+# (`@pytest.mark.slow`: end-to-end grading through the command line, notebooks executed, mutants
+# or seeds graded).
+
+SLOW_FIXTURES = {
+    "batch": "the adversarial suite: every attack graded in one sandboxed batch",
+    "graded_chapter": "one sandboxed grading run per chapter over its harness batch",
+    "site": "the built book (built first when missing)",
+    "browser": "a Chromium driving the built book",
+}
+SLOW_FILES = {
+    "test_browser.py": "the built book in a browser",
+    "test_check_matches_grade.py": "every chapter's harness graded by `grade`, `check` and `check --sandbox`",
+    "test_cohort.py": "batches graded on local Dask clusters",
+    "test_adversarial_cluster.py": "Dask clusters attacked by a second local user",
+    "test_reliability.py": "a grading run killed mid-batch and resumed",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark slow every test of a file in SLOW_FILES and every test that uses a fixture of SLOW_FIXTURES."""
+    for item in items:
+        if item.path.name in SLOW_FILES or SLOW_FIXTURES.keys() & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
 # --- the chapter harness: one sandboxed grading run per chapter, shared by every test ------
 
 def chapter_batch(key: str) -> dict:
@@ -126,7 +155,7 @@ def batch(tmp_path_factory):
     import sqlite3
 
     from attacks import KEY, TIMEOUT, Context, modules
-    from attacks.round1 import _procs_left
+    from attacks.cheats_and_escapes import procs_left
 
     base = tmp_path_factory.mktemp("adversarial")
     ctx = Context(base=base, subs=base / "subs", out=base / "out")
@@ -157,6 +186,6 @@ def batch(tmp_path_factory):
         "subs": ctx.subs, "gradebook": ctx.gradebook, "listener": ctx.extra.get("listener"), "before": before,
         "before_subs": before_subs, "protected": ctx.protected, "con": con,
         "csv": (ctx.out / f"{KEY}_grades.csv").read_text().splitlines(), "stderr": proc.stderr,
-        "leftover": _procs_left(),
+        "leftover": procs_left(),
     }
     con.close()

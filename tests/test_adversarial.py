@@ -1,6 +1,6 @@
-"""Hostile submissions, graded in one sandboxed batch with honest ones: round one.
+"""Hostile submissions, graded in one sandboxed batch with honest ones: cheats, escapes and exhaustion.
 
-The notebooks are built in tests/attacks/round1.py (from the learner notebook: stubs, 0
+The notebooks are built in tests/attacks/cheats_and_escapes.py (from the learner notebook: stubs, 0
 points honestly; or from the reference: full marks honestly; plus an attack); one `grade`
 run grades every attack module's submissions together (the session fixture `batch` in
 conftest.py). Each test asserts a concrete outcome: the score in the JSON and the
@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 
 from attacks import KEY, TIMEOUT
-from attacks.round1 import (CANARY_TEXT, FULL, HIDDEN_TEXT, MARKER, OTHER_TEXT, SOLUTION_TEXT,
-                            _sha)
+from attacks.cheats_and_escapes import CANARY_TEXT, FULL, HIDDEN_TEXT, MARKER, OTHER_TEXT, SOLUTION_TEXT, sha
 from autograder.assignments import get_assignment
 
 def _feedback(batch, name) -> str:
@@ -64,10 +63,10 @@ def test_no_process_is_left_behind(batch):
 
 
 def test_protected_files_are_untouched(batch):
-    after = {str(p): _sha(p) for p in batch["protected"]}
+    after = {str(p): sha(p) for p in batch["protected"]}
     assert after == batch["before"]
     subs = batch["subs"]
-    assert {str(p.relative_to(subs)): _sha(p) for p in subs.rglob("*")
+    assert {str(p.relative_to(subs)): sha(p) for p in subs.rglob("*")
             if p.is_file() and not p.is_symlink()} == batch["before_subs"]
     assert not list(Path("/tmp").glob(f"PWNED-{MARKER}*"))
 

@@ -26,7 +26,8 @@ import psutil
 import pytest
 
 from autograder.assignments import ROOT
-from autograder.cohort import OnDask, runtime_dir
+from autograder.cohort import OnDask
+from autograder.runtime import runtime_dir
 from autograder.sandbox import SandboxUnavailable
 from conftest import reference_notebook, run_cli, write
 
@@ -194,7 +195,7 @@ PLANTS = {  # what another user can put where the grader's state might go: shell
     "symlink": 'ln -s / "$P"',
 }
 
-HOLD_SLOT = ("from autograder.cohort import uid_slot; print(*uid_slot(1024), flush=True); "
+HOLD_SLOT = ("from autograder.uids import uid_slot; print(*uid_slot(1024), flush=True); "
              "__import__('sys').stdin.read()")
 
 

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import pytest
 
-from autograder import runner
+from autograder import memory_meters, runner
 from autograder.assignments import get_assignment
 from autograder.grader import Grader
 from autograder.hidden import test_07_efficient_attention as T
-from autograder.sandbox import CGROUP_ENV, SandboxUnavailable, detect
+from autograder.cgroups import CGROUP_ENV
+from autograder.sandbox import SandboxUnavailable, detect
 from conftest import add_cell, reference_notebook, write
 
 KEY = "07_efficient_attention"
@@ -237,6 +238,7 @@ def _judge(name, check, use, expect_source):
 CASES = ["ref", *ATTACKS]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", CASES)
 def test_ballast_cannot_hide_the_whole_matrix_from_the_cgroup(sandbox, name, tmp_path, monkeypatch):
     if sandbox.cgroups is None:
@@ -255,12 +257,14 @@ def warm(sandbox):
     g.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", CASES)
 def test_ballast_cannot_hide_the_whole_matrix_from_a_warm_worker(warm, name, tmp_path, monkeypatch):
     check, use = _grade(warm, _notebook(name, tmp_path), monkeypatch)
     _judge(name, check, use, "cgroup")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["ref", *IN_PROCESS])
 def test_ballast_cannot_hide_the_whole_matrix_without_a_cgroup(no_cgroup_sandbox, name, tmp_path, monkeypatch):
     """Sandboxed without a memory cgroup, the worker process's own peak is measured (not paid unmeasured)."""
@@ -281,15 +285,15 @@ def test_v2_without_the_peak_reset_reports_the_lifetime_peak(tmp_path, monkeypat
     (the attack on the old `after > before` rule, which reported 0) still counts all of it."""
     MiB = 2**20
     _files(tmp_path, memory_current=2100 * MiB, memory_peak=2200 * MiB)
-    real_open = runner.os.open
+    real_open = memory_meters.os.open
 
     def refuse(path, flags, *a):
-        if str(path).endswith("memory.peak") and flags & runner.os.O_RDWR:
+        if str(path).endswith("memory.peak") and flags & memory_meters.os.O_RDWR:
             raise PermissionError(13, "refused")
         return real_open(path, flags, *a)
 
-    monkeypatch.setattr(runner.os, "open", refuse)
-    stop = runner.Submission._cgroup_meter(str(tmp_path), 100 * MiB)
+    monkeypatch.setattr(memory_meters.os, "open", refuse)
+    stop = memory_meters.cgroup_meter(str(tmp_path), 100 * MiB)
     _files(tmp_path, memory_current=150 * MiB)  # the ballast freed, the naive matrix under the old peak
     peak, held, source = stop()
     assert (peak, held, source) == (2100 * MiB, 2000 * MiB, "cgroup")
@@ -298,7 +302,7 @@ def test_v2_without_the_peak_reset_reports_the_lifetime_peak(tmp_path, monkeypat
 def test_v2_with_the_peak_reset_counts_from_the_baseline(tmp_path):
     MiB = 2**20
     _files(tmp_path, memory_current=2100 * MiB, memory_peak=9000 * MiB)
-    stop = runner.Submission._cgroup_meter(str(tmp_path), 100 * MiB)
+    stop = memory_meters.cgroup_meter(str(tmp_path), 100 * MiB)
     assert (tmp_path / "memory.peak").read_text().startswith("reset")  # our descriptor's peak was reset
     _files(tmp_path, memory_peak=2150 * MiB)  # what the kernel then shows that descriptor
     assert stop() == (2050 * MiB, 2000 * MiB, "cgroup")
@@ -307,7 +311,7 @@ def test_v2_with_the_peak_reset_counts_from_the_baseline(tmp_path):
 def test_v1_counts_from_the_baseline(tmp_path):
     MiB = 2**20
     _files(tmp_path, memory_usage_in_bytes=2100 * MiB, memory_max_usage_in_bytes=9000 * MiB)
-    stop = runner.Submission._cgroup_meter(str(tmp_path), 100 * MiB)
+    stop = memory_meters.cgroup_meter(str(tmp_path), 100 * MiB)
     assert (tmp_path / "memory.max_usage_in_bytes").read_text() == "0"  # reset to the current usage
     _files(tmp_path, memory_max_usage_in_bytes=2150 * MiB)
     assert stop() == (2050 * MiB, 2000 * MiB, "cgroup")
@@ -323,7 +327,7 @@ def test_the_sandboxed_worker_is_the_one_leaf_below_bubblewrap(tmp_path):
     proc(12, 11, "bwrap")
     proc(13, 12, "x) S 11 (")  # a name built to look like another parent
     proc(20, 1)
-    assert runner.sandboxed_worker_pid(10, proc=str(tmp_path)) == 13
+    assert memory_meters.sandboxed_worker_pid(10, proc=str(tmp_path)) == 13
     proc(14, 12)  # two leaves: no guess
-    assert runner.sandboxed_worker_pid(10, proc=str(tmp_path)) is None
-    assert runner.sandboxed_worker_pid(20, proc=str(tmp_path)) is None  # nothing below
+    assert memory_meters.sandboxed_worker_pid(10, proc=str(tmp_path)) is None
+    assert memory_meters.sandboxed_worker_pid(20, proc=str(tmp_path)) is None  # nothing below

@@ -219,6 +219,7 @@ def _quiet_grader_log():
     logger.setLevel(level)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("key", CHAPTERS)
 def test_no_returned_kind_makes_any_check_crash(key, worker_module, tmp_path, monkeypatch):
     """Call position k of every check of the chapter replaced, each check by a different kind in
@@ -262,6 +263,7 @@ def _graded(key: str, nb, tmp_path):
         return g.grade(write(nb, tmp_path / f"{key}.ipynb"), seed=7)
 
 
+@pytest.mark.slow
 def test_every_chapter_grades_a_notebook_of_lying_values_without_a_grader_error(tmp_path):
     """The attack notebook of every chapter (no sandbox: the sandboxed run is the batch's)."""
     hints = []
@@ -291,6 +293,7 @@ def _check(name, fn):
     return HiddenCheck(name=name, part="softmax", points=1.0, title=name, fn=fn, params=("learner",))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["plain", "sandboxed, warm"])
 def test_a_crash_only_on_the_learners_values_is_the_learners_and_one_on_the_references_is_ours(how, tmp_path):
     def uses_the_value(learner):

@@ -28,7 +28,8 @@ from autograder.assignments import get_assignment
 from autograder.grader import Grader
 from autograder.hidden import test_07_efficient_attention as T07
 from autograder.hidden.support import Hint
-from autograder.sandbox import CGROUP_ENV, SandboxUnavailable, detect
+from autograder.cgroups import CGROUP_ENV
+from autograder.sandbox import SandboxUnavailable, detect
 from chapters import tables
 from conftest import chapter_batch, run_cli, write
 

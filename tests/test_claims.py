@@ -93,6 +93,7 @@ def run_page(tmp_path, seed):
     return {r["name"]: r["value"] for r in map(json.loads, log.read_text().splitlines())}
 
 
+@pytest.mark.slow
 def test_the_spread_run_shifts_every_seed_a_page_sets(tmp_path):
     import numpy as np
     import torch

@@ -1,6 +1,6 @@
 """The device check that stands in for a GPU on a CPU-only grader, and the gradients the checks compare.
 
-The device check (`autograder/worker.py`, `_device_check_mode`) runs a learner's call with its
+The device check (`autograder/device_check.py`, `device_check_mode`) runs a learner's call with its
 tensors on PyTorch's meta device, fails every operation that mixes them with a CPU tensor as
 CUDA does, and computes each operation on CPU stand-ins instead of the meta device's kernels
 (many are written in Python, and the first of them imports PyTorch's compiler: 0.7 s of every
@@ -10,7 +10,6 @@ rule for what mixes, and `torch.autograd.grad` for the gradients."""
 from __future__ import annotations
 
 import math
-import sys
 
 import pytest
 import torch
@@ -19,9 +18,7 @@ import torch.nn.functional as F
 from autograder.hidden.support import vjp
 from autograder.runner import Learner, LearnerError, Submission
 
-_path = list(sys.path)
-from autograder import worker as W  # noqa: E402 - it puts its own folder first on sys.path, for the worker
-sys.path[:] = _path  # not for the rest of the tests: autograder/notebook.py would shadow Jupyter's notebook
+from autograder.device_check import device_check_mode
 
 META = torch.device("meta")
 
@@ -31,7 +28,7 @@ def _meta(*shape, dtype=torch.float32):
 
 
 def _checked(fn, *args, **kwargs):
-    with W._device_check_mode()():
+    with device_check_mode()():
         return fn(*args, **kwargs)
 
 

@@ -256,6 +256,7 @@ def test_committed_generated_files_are_current():
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 def test_drift_check_fails_on_a_stale_file(tmp_path):
     """Does `generate --check` exit non-zero, naming the file, when a generated file is stale?"""
     for folder in ("autograder", "exercises", "solutions"):
@@ -283,6 +284,7 @@ def _execute(nb):
     NotebookClient(nb, timeout=120, kernel_name="python3", allow_errors=False).execute()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("assignment", ASSIGNMENTS, ids=KEYS)
 def test_visible_tests_pass_on_the_reference_and_fail_on_the_stub(assignment):
     """Do the notebook's own test cells pass with the solutions filled in, and fail untouched?"""

@@ -8,6 +8,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import learner_notebook, mistake, reference_notebook, run_cli, run_json, write
 from chapters.ch03_qkv import NO_SCALE
 
@@ -51,6 +53,7 @@ def test_seed_replays_a_grade_exactly(tmp_path, graded_chapter):
     assert other["seed"] == first["seed"] + 1 and other["score"] == first["score"]
 
 
+@pytest.mark.slow
 def test_malformed_notebook_is_reported_not_fatal(tmp_path):
     """Does a truncated notebook get a clear error of its own while the rest of the batch is graded?"""
     subs = tmp_path / "submitted"
@@ -81,6 +84,7 @@ raise SystemExit(main(sys.argv[1:]))
 '''
 
 
+@pytest.mark.slow
 def test_a_crashing_hidden_test_is_a_grader_error_not_a_lost_point(tmp_path):
     """Does a bug in a hidden test give status grader_error, a logged traceback and exit 3, never a lost point?"""
     import subprocess

@@ -3,7 +3,7 @@
 hidden check is weakened.
 
 The full run is `python -m autograder mutants KEY` (minutes per exercise); here each exercise
-grades a few mutants in one `grade` run.
+grades a few mutants in one grading run (`GradingRun`, in this process).
 """
 
 from __future__ import annotations
@@ -186,19 +186,19 @@ def ci_sample(key: str) -> list[mt.Mutant]:
 
 @pytest.fixture(scope="module")
 def sampled(tmp_path_factory):
-    """key -> report of its CI sample, each exercise in one sandboxed, warm `grade` run, two runs at a time."""
-    from concurrent.futures import ThreadPoolExecutor
+    """key -> report of its CI sample, each exercise in one sandboxed, warm grading run of this process
+    (`mutants.grade_batch`: the run of `grade`), one exercise after the other."""
 
     def one(key):
         chosen = ci_sample(key)
-        records = mt.grade_with_cli(get_assignment(key), chosen, tmp_path_factory.mktemp(f"mutants{key}"),
-                                    jobs=1, sandbox=True, warm=True)
-        return key, mt.report(key, chosen, records, mt.read_equivalent(get_assignment(key)))
+        records = mt.grade_batch(get_assignment(key), chosen, tmp_path_factory.mktemp(f"mutants{key}"),
+                                 jobs=1, sandbox=True, warm=True)
+        return mt.report(key, chosen, records, mt.read_equivalent(get_assignment(key)))
 
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        return dict(pool.map(one, KEYS))
+    return {key: one(key) for key in KEYS}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("key", KEYS)
 def test_sampled_mutants_are_killed(key, sampled):
     """Does the sandboxed grader take points from each of a fixed sample of the exercise's mutants?"""
@@ -208,6 +208,7 @@ def test_sampled_mutants_are_killed(key, sampled):
 
 # --- (c) the check fails when a hidden check is weakened ------------------------------------------------
 
+@pytest.mark.slow
 def test_weakened_hidden_check_lets_a_sampled_mutant_survive(tmp_path):
     """With the checks that kill a sampled mutant reduced to `return`, does the sample check report it?"""
     from autograder.grader import Grader

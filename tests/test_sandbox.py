@@ -23,8 +23,9 @@ from autograder import seccomp
 from autograder.assignments import ROOT
 from autograder.limits import DEFAULT
 from autograder.runner import Learner, LearnerError, Submission, WorkerDied
-from autograder.sandbox import (RESERVED_UIDS, SANDBOX_UIDS, MemoryCgroups, Sandbox, UidPool,
-                                _cgroup_dirs, detect)
+from autograder.cgroups import MemoryCgroups, cgroup_dirs
+from autograder.sandbox import Sandbox, detect
+from autograder.uids import RESERVED_UIDS, SANDBOX_UIDS, UidPool
 
 MAX_FILE_SIZE, MAX_PROCESSES, TMP_BYTES = (DEFAULT.sandbox_file_size, DEFAULT.sandbox_processes,
                                            DEFAULT.sandbox_tmp_bytes)
@@ -170,6 +171,7 @@ def test_python_installation_containing_the_repo_is_refused(tmp_path):
         sb.check_binds([ROOT])
 
 
+@pytest.mark.slow
 def test_grade_refuses_without_bubblewrap(tmp_path):
     nb = write(learner_notebook("03_qkv"), tmp_path / "a.ipynb")
     env_path = os.path.dirname(sys.executable)  # no /usr/bin: no bwrap
@@ -181,6 +183,7 @@ def test_grade_refuses_without_bubblewrap(tmp_path):
     assert not (tmp_path / "out" / "gradebook.db").exists()
 
 
+@pytest.mark.slow
 def test_no_sandbox_grades_with_a_warning(tmp_path):
     nb = write(learner_notebook("03_qkv"), tmp_path / "a.ipynb")
     proc = run_cli("grade", str(nb), "--assignment", "03_qkv", "--out", str(tmp_path / "out"), "--no-sandbox")
@@ -466,10 +469,11 @@ def test_uid_pool_skips_reserved_and_known_ids():
     got = [pool.take() for _ in range(2 * len(pool.uids))]
     assert sorted(set(got)) == pool.uids  # round robin: every uid before any comes back
     assert len(set(got[: len(pool.uids)])) == len(pool.uids)
-    from autograder.sandbox import SandboxUnavailable, _account_ids
+    from autograder.sandbox import SandboxUnavailable
+    from autograder.uids import account_ids
 
     low = UidPool(range(0, 200))
-    assert 0 not in low.uids and not set(low.uids) & _account_ids()
+    assert 0 not in low.uids and not set(low.uids) & account_ids()
     with pytest.raises(SandboxUnavailable, match="no free uid"):
         UidPool(range(65534, 65536))
 
@@ -612,7 +616,7 @@ def test_a_stale_cgroup_of_a_killed_grader_is_removed(sandbox, tmp_path):
     script.write_text(f"""
 import os, subprocess, sys, time
 sys.path.insert(0, {str(ROOT)!r})
-from autograder.sandbox import MemoryCgroups
+from autograder.cgroups import MemoryCgroups
 cg = MemoryCgroups({cg.parent!r}, {cg.version}, "test")
 path = cg.create(64 * 2**20)
 p = subprocess.Popen(["sh", "-c", 'echo $$ > "$0"/cgroup.procs && exec sleep 60', path])
@@ -640,11 +644,11 @@ def test_cgroup_folders_are_found_from_mountinfo(tmp_path):
     (proc / "mountinfo").write_text(
         "30 25 0:26 / /sys/fs/cgroup/memory rw,relatime shared:9 - cgroup cgroup rw,memory\n"
         "31 25 0:27 / /sys/fs/cgroup/unified rw,relatime shared:10 - cgroup2 cgroup2 rw\n")
-    assert _cgroup_dirs(str(tmp_path / "proc")) == {"v1": "/sys/fs/cgroup/memory/process_api/abc",
+    assert cgroup_dirs(str(tmp_path / "proc")) == {"v1": "/sys/fs/cgroup/memory/process_api/abc",
                                                     "v2": "/sys/fs/cgroup/unified/user.slice/me"}
     (proc / "cgroup").write_text("0::/docker/xyz/sub\n")
     (proc / "mountinfo").write_text("31 25 0:27 /docker/xyz /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n")
-    assert _cgroup_dirs(str(tmp_path / "proc")) == {"v2": "/sys/fs/cgroup/sub"}
+    assert cgroup_dirs(str(tmp_path / "proc")) == {"v2": "/sys/fs/cgroup/sub"}
     # a v2 folder whose memory controller is not delegated is refused, with the reason
     v2 = tmp_path / "v2"
     v2.mkdir()

@@ -27,6 +27,7 @@ def grader():
     return Grader(get_assignment(KEY))  # unsandboxed: the notebooks are the reference, changed by us
 
 
+@pytest.mark.slow
 def test_sampled_rows_and_mutants_keep_their_verdict_under_every_seed(grader):
     """Do a few rows of the mistake table and a few mutants get the same verdict (and the rows their
     table's score, checks and hints) under each of several seeds?"""
@@ -50,6 +51,7 @@ def _planted(check, seeds):
     return dataclasses.replace(check, fn=planted, params=("learner", "reference", "rng", "devices", "seed"))
 
 
+@pytest.mark.slow
 def test_a_planted_seed_dependent_check_is_reported(grader, tmp_path):
     """With the checks that see a row's mistake and a mutant's made to pass under seeds 2 and 4, does the
     command report both as varying, name those seeds and the checks that flip, and have fresh grades

@@ -339,6 +339,7 @@ def _chapter_keys():
     return keys if CHAPTERS == "all" else [k for k in CHAPTERS.split(",") if k in keys]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("key", _chapter_keys())
 def test_a_chapters_harness_batch_grades_the_same_warm_and_cold(sandbox, key, tmp_path):
     cold = Grader(get_assignment(key), sandbox=sandbox)

@@ -360,7 +360,7 @@ def _grader_keyring(ctx) -> None:
 
 
 def _memory_cgroup_available() -> bool:
-    from autograder.sandbox import MemoryCgroups
+    from autograder.cgroups import MemoryCgroups
 
     cg, _ = MemoryCgroups.find(2**30)
     return cg is not None

@@ -1,4 +1,12 @@
-"""Round one of the adversarial suite: hostile and honest notebooks for exercise 03_qkv.
+"""Cheats, escapes and resource exhaustion: hostile notebooks for exercise 03_qkv, with honest controls.
+
+The hostile ones cheat the checks (patched comparisons and builtins, IPython hooks, lying
+objects, forged, duplicated, edited or deleted grade cells), try to get out of the sandbox or
+read and write what is not theirs (network, secrets, the gradebook, other learners, killing
+processes, a daemon left behind), or exhaust it (exit, crash, endless loops, memory, forks,
+disk, output, oversized replies, notebooks slow to parse); malformed, truncated and oversized
+files sit beside them. The honest ones (the reference, the stub, notebooks saved by other
+front ends, helper cells, warnings) must keep their marks among them.
 
 `build(ctx)` adds them to the one batch that `conftest.batch` grades (see tests/attacks/__init__.py).
 """
@@ -15,7 +23,7 @@ from pathlib import Path
 import nbformat
 
 from autograder.assignments import ROOT, get_assignment
-from autograder.sandbox import SANDBOX_UIDS
+from autograder.uids import SANDBOX_UIDS
 from conftest import add_cell, learner_notebook, reference_notebook
 
 KEY = "03_qkv"
@@ -29,7 +37,8 @@ OTHER_TEXT = "OTHER-LEARNER-SECRET-ANSWER-0451"
 CANARY_TEXT = "HOST-CANARY-SECRET-9931"
 
 
-def _sha(path: Path) -> str:
+def sha(path: Path) -> str:
+    """The SHA-256 of a file's bytes (a protected file must keep it)."""
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
@@ -431,7 +440,8 @@ class _Listener:
         self.sock.close()
 
 
-def _procs_left() -> list[str]:
+def procs_left() -> list[str]:
+    """Processes still running after the batch: any of a sandbox uid, or whose command line carries MARKER."""
     found = []
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
@@ -446,7 +456,6 @@ def _procs_left() -> list[str]:
         if MARKER in cmd or (real_uid and int(real_uid[0]) in SANDBOX_UIDS):
             found.append(f"{d.name}: {cmd[:200]}")
     return found
-
 
 
 def build(ctx) -> None:

@@ -1,0 +1,410 @@
+"""A grading run: one exercise's submissions graded into a folder of outputs.
+
+`GradingRun` is what ``python -m autograder grade`` does, as an object that the command
+(`commands.grade_command`, left with turning arguments into a run and a run into an exit
+code) and the mutation tool (`mutants.grade_batch`) call alike. A run
+
+1. checks what it was given (a --scheduler that authenticates nobody, paths that are not
+   there, the exercise's key) and scans the submissions (`submissions.find_submissions`);
+2. makes the sandbox (learner code runs in bubblewrap unless told not to) and the `Grader`;
+3. skips each submission graded before and unchanged since (the same bytes and flags, and
+   its row still in the gradebook), unless forced;
+4. grades the others in this process, on a local Dask cluster or on a scheduler's
+   (`autograder.cohort`), each from exactly the bytes that were hashed for it;
+5. records each result as it arrives: its gradebook row, its feedback page
+   OUT/feedback/STUDENT/KEY.html, its result file OUT/results/KEY/STUDENT.json (written
+   last: a run killed before that line regrades the learner next time), a progress line,
+   and the run's log OUT/logs/grade-KEY-TIME-PID.log (`logs.RunLog`);
+6. writes the exercise's CSV, OUT/KEY_grades.csv, and returns the summary that
+   ``grade --json`` prints.
+
+What a run cannot do is a `UsageError`, raised before anything is graded (or, for a cluster
+that cannot start, before the first submission is handed out). A grader error is the status
+of the submission it struck (`faults`), never the learner's loss.
+
+Everything a learner controls (file and folder names, messages, grade ids) is capped and
+made visible (`autograder.text`) before it reaches the terminal, the log or a file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import sys
+from pathlib import Path
+
+from .limits import DEFAULT, Limits
+from .logs import RunLog, log
+from .submissions import Found, find_submissions, read_claim
+from .text import safe, visible
+from .usage import UsageError, course_grader, known_assignment
+
+NO_SANDBOX_WARNING = ("WARNING: --no-sandbox: learner code runs on this machine as you, with access to your "
+                      "files, the solutions, the hidden tests and the gradebook. Grade this way only "
+                      "notebooks you trust.")
+
+
+def to_stderr(line: str) -> None:
+    """One progress line on stderr. Learner text in it is already `safe`; this pass makes sure
+    no control character at all reaches the terminal (newlines of our own messages kept)."""
+    print(visible(line, keep="\n"), file=sys.stderr, flush=True)
+
+
+def quiet(line: str) -> None:
+    """No progress lines (a caller that reports on its own)."""
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def saved_result(path: Path, digest: str, flags: list) -> dict | None:
+    """The saved result of an unchanged, finished submission with the same flags, or None (then
+    it is graded again)."""
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if (isinstance(saved, dict) and digest and saved.get("sha256") == digest
+            and saved.get("status") in ("graded", "error") and saved.get("flags", []) == flags
+            and isinstance(saved.get("score"), (int, float)) and isinstance(saved.get("max_score"), (int, float))):
+        return saved
+    return None
+
+
+def progress_line(student: str, result, limits: Limits, flags: list) -> str:
+    line = f"{student}: {result.score:g} / {result.max_score:g}"
+    if result.status != "graded":
+        line += f" ({result.status.upper()}: {safe(result.error, limits.progress_chars)})"
+    if result.seed is not None:
+        line += f" [{result.seconds:.1f} s, seed {result.seed}]"
+    if flags:
+        line += f" FLAGGED: {safe('; '.join(flags), limits.progress_chars)}"
+    return line
+
+
+class GradingRun:
+    """The submissions in `submissions` (notebooks, or folders read by the folder rule) of exercise
+    `key`, graded into the folder `out`; `run()` does it and returns the summary.
+
+    `gradebook`: an nbgrader database URL (default sqlite:///OUT/gradebook.db); `force`: regrade
+    what is already graded; `timeout`: seconds per submission (default: the exercise's limit);
+    `seed`: the checks' seed for every submission (default: a fresh one each); `sandbox`: False
+    runs learner code unisolated (trusted notebooks only); `jobs`: submissions graded at once
+    (default: the CPUs, at most one job per `cohort.MIN_PER_JOB` to grade); `scheduler` (and
+    `insecure_scheduler` for a tcp:// one): grade on that Dask cluster; `warm`: start workers
+    from a pre-imported template; `progress`: where progress lines go (stderr, or `quiet`)."""
+
+    def __init__(self, key: str, submissions, out: str | Path = "grading", *, gradebook: str | None = None,
+                 force: bool = False, timeout: float | None = None, seed: int | None = None, sandbox: bool = True,
+                 jobs: int | None = None, scheduler: str | None = None, insecure_scheduler: bool = False,
+                 warm: bool = False, progress=to_stderr):
+        self.key = key
+        self.submissions = [str(p) for p in submissions]
+        self.out = Path(out)
+        self.gradebook_url = gradebook
+        self.force, self.timeout, self.seed = force, timeout, seed
+        self.use_sandbox, self.jobs, self.warm = sandbox, jobs, bool(warm)
+        self.scheduler, self.insecure_scheduler = scheduler or None, insecure_scheduler
+        self.progress = progress or quiet
+        # made by run()
+        self.assignment = None
+        self.scan = None
+        self.sandbox = None
+        self.grader = None
+        self.limits = DEFAULT
+        self.overrides: dict | None = None
+        self.forbidden: list[str] = []
+        self.gb = None
+        self.reports: list = []
+        self.log_path: Path | None = None
+        self.summary: dict | None = None
+
+    @property
+    def results_dir(self) -> Path:
+        return self.out / "results" / self.assignment.key
+
+    @property
+    def faults(self) -> list[dict]:
+        """The submissions that hit a grader error (a fault of ours: the instructor regrades them)."""
+        return [r for r in self.reports if r.get("status") == "grader_error"]
+
+    # --- the run ----------------------------------------------------------------------------
+    def run(self) -> dict:
+        """Grade, record and write everything (once per run); the summary (`grade --json`). UsageError if
+        it cannot."""
+        self._check_scheduler()
+        self._check_given()
+        self._scan()
+        self._prepare()
+        self.out.mkdir(parents=True, exist_ok=True)
+        run_log = RunLog(self.out, self.assignment.key)
+        self.log_path = run_log.open()
+        try:
+            self._log_start()
+            url = self.gradebook_url or f"sqlite:///{(self.out / 'gradebook.db').resolve()}"
+            table = self._grade_into(url)
+        finally:
+            run_log.close()
+        from . import gradebook as gbk
+
+        csv_path = self.out / f"{self.assignment.key}_grades.csv"
+        gbk.write_csv(csv_path, table, self.limits)
+        self.summary = {"assignment": self.assignment.key, "gradebook": url, "csv": str(csv_path),
+                        "log": str(self.log_path), "submissions": self.reports,
+                        "rejected": [r.to_dict() for r in self.scan.rejected],
+                        "rejected_total": self.scan.rejected_total}
+        return self.summary
+
+    def _check_scheduler(self) -> None:
+        if self.insecure_scheduler and not self.scheduler:
+            raise UsageError("--insecure-scheduler goes with --scheduler ADDRESS")
+        if self.scheduler:
+            # First of all: a cluster that authenticates nobody is refused unless asked for.
+            from .dask_cluster import SchedulerRefused, scheduler_security
+
+            try:
+                _, warning = scheduler_security(self.scheduler, self.insecure_scheduler)
+            except SchedulerRefused as exc:
+                raise UsageError(str(exc)) from None
+            if warning:
+                self.progress(warning)
+
+    def _check_given(self) -> None:
+        # nbgrader runs the `alembic` command of its environment: make it findable when the
+        # environment is not activated (e.g. `.venv/bin/python -m autograder grade ...`).
+        bindir = str(Path(sys.executable).parent)
+        if bindir not in os.environ.get("PATH", "").split(os.pathsep):
+            os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
+        missing = [p for p in self.submissions if not os.path.lexists(p)]
+        if missing:
+            raise UsageError("no such file or folder: " + ", ".join(safe(p, DEFAULT.path_chars) for p in missing))
+        self.assignment = known_assignment(self.key)
+
+    def _scan(self) -> None:
+        scan = self.scan = find_submissions(self.submissions, self.assignment.key, DEFAULT, out=self.out)
+        for r in scan.rejected:
+            self.progress(f"rejected: {r.path} {r.reason}" + (f" (in {r.student}'s folder)" if r.student else ""))
+        if scan.rejected_total > len(scan.rejected):
+            self.progress(f"rejected: … {scan.rejected_total - len(scan.rejected):,} more entries (only the first "
+                          f"{DEFAULT.rejected_shown} are listed, here and in the log)")
+        if not scan.found:
+            given = " ".join(safe(p, DEFAULT.path_chars) for p in self.submissions)
+            raise UsageError(f"no notebooks to grade found in {given}"
+                             + (f" ({scan.rejected_total} rejected entries, listed above)"
+                                if scan.rejected_total else ""))
+
+    def _prepare(self) -> None:
+        """The sandbox (on a cluster each worker builds and checks its own: `_start`) and the grader."""
+        self.forbidden = [os.path.abspath(p) for p in (self.out, *self.submissions)]
+        if not self.use_sandbox:
+            self.progress(NO_SANDBOX_WARNING)
+        elif not self.scheduler:
+            from .sandbox import SandboxUnavailable, make_sandbox
+
+            try:
+                self.sandbox = make_sandbox(forbidden=self.forbidden)
+            except SandboxUnavailable as exc:
+                raise UsageError(f"refusing to grade: {exc}") from None
+            self.progress(self.sandbox.describe())
+        self.overrides = {"submission_seconds": self.timeout} if self.timeout else None
+        self.grader = course_grader(self.assignment.key, sandbox=self.sandbox, overrides=self.overrides)
+        self.limits = self.grader.limits
+
+    def _log_start(self) -> None:
+        scan = self.scan
+        log.info("grading %d submission(s) of %s into %s", len(scan.found), self.assignment.key,
+                 safe(self.out, self.limits.path_chars))
+        for r in scan.rejected:
+            log.warning("rejected: %s %s%s", r.path, r.reason, f" (in {r.student}'s folder)" if r.student else "")
+        if scan.rejected_total > len(scan.rejected):
+            log.warning("rejected: … %d more entries not listed", scan.rejected_total - len(scan.rejected))
+
+    def _grade_into(self, url: str) -> list[dict]:
+        """Record every submission in the gradebook at `url`; its rows for the CSV."""
+        from nbgrader.api import Gradebook
+
+        from . import gradebook as gbk
+
+        with Gradebook(url) as gb:
+            self.gb = gb
+            try:
+                gbk.sync_assignment(gb, self.assignment)
+                todo = self._to_grade()
+                if todo:
+                    self._grade(todo)
+                statuses = {}
+                for f in sorted(self.results_dir.glob("*.json")):
+                    try:
+                        statuses[f.stem] = json.loads(f.read_text(encoding="utf-8"))
+                    except (OSError, ValueError):
+                        pass
+                return gbk.rows(gb, self.assignment, statuses, self.limits)
+            finally:
+                self.gb = None
+
+    # --- each submission --------------------------------------------------------------------
+    def _to_grade(self) -> list[tuple[int, Found]]:
+        """(index, Found) of the submissions to grade, in scan order; the others are recorded (not
+        graded: why) or reported (already graded, unchanged) here."""
+        from . import gradebook as gbk
+        from .feedback import bounded_flags
+
+        limits, todo = self.limits, []
+        for found in self.scan.found:
+            i, student, claim = len(self.reports), found.student, found.claim
+            self.reports.append(None)
+            shown_path = safe(str(claim.path), limits.path_chars) if claim else ""
+            if found.problem:
+                self.reports[i] = self._not_graded(found, found.problem, shown_path)
+                continue
+            read = read_claim(claim, limits.notebook_bytes)
+            if read.data is None:
+                self.reports[i] = self._not_graded(found, f"{shown_path} {read.problem}", shown_path, read.digest)
+                continue
+            flags = bounded_flags(found.flags, limits)
+            saved = None if self.force else saved_result(self.results_dir / f"{student}.json", read.digest, flags)
+            # Skipped only if the gradebook also has the row (it may be a new or restored one).
+            if saved is not None and gbk.has_submission(self.gb, self.assignment, student):
+                saved["skipped"] = True
+                self.reports[i] = saved
+                flagged = f" FLAGGED: {safe('; '.join(flags), limits.progress_chars)}" if flags else ""
+                self.progress(f"{student}: already graded ({saved['score']:g} / {saved['max_score']:g}); "
+                              f"--force regrades{flagged}")
+                continue
+            todo.append((i, found))
+        return todo
+
+    def _not_graded(self, found: Found, reason: str, path: str, digest: str = "") -> dict:
+        """A flagged `error` row for a submission that is not graded at all (ambiguous, a link, ...)."""
+        from .grader import ERROR, Result
+
+        result = Result.blank(self.assignment.key, path, self.grader.parts, student=found.student, status=ERROR,
+                              error=reason)
+        return self._record(found, result, digest)
+
+    def _record(self, found: Found, result, digest: str, timestamp: float | None = None, tail: str = "") -> dict:
+        """One result into the gradebook, the feedback page, the result file, the progress line and the log."""
+        from . import gradebook as gbk
+        from .feedback import bounded, bounded_flags, feedback_html
+        from .grader import ERROR
+
+        limits = self.limits
+        flags = bounded_flags(found.flags, limits)
+        result = bounded(result, limits)
+        gbk.record(self.gb, self.assignment, found.student, result, timestamp=timestamp, flagged=bool(flags))
+        fb = self.out / "feedback" / found.student / f"{self.assignment.key}.html"
+        fb.parent.mkdir(parents=True, exist_ok=True)
+        fb.write_text(feedback_html(result, flags, limits), encoding="utf-8")
+        data = dict(result.to_dict(), sha256=digest, feedback=str(fb), skipped=False, flags=flags)
+        # Written last: a run killed before this line regrades this learner next time.
+        write_json_atomic(self.results_dir / f"{found.student}.json", data)
+        self.progress(progress_line(found.student, result, limits, flags) + tail)
+        log.info("%s (%s): %s, status %s, seed %s, %.1f s%s", found.student, result.notebook,
+                 f"{result.score:g}/{result.max_score:g}", result.status, result.seed, result.seconds,
+                 f", flagged: {'; '.join(flags)}" if flags else "")
+        if result.status == ERROR and result.seed is None:
+            log.warning("%s: not graded: %s", found.student, result.error)
+        return data
+
+    # --- grading the batch ------------------------------------------------------------------
+    def _grade(self, todo: list[tuple[int, Found]]) -> None:
+        """Grade `todo` in this process, on a local Dask cluster (jobs > 1) or on the scheduler's,
+        recording each result as it arrives.
+
+        Each notebook is read again here and its task carries exactly the bytes that were hashed for
+        it (what is graded and recorded is what was read, whatever the folder holds meanwhile)."""
+        from . import cohort
+
+        total = len(self.scan.found)
+        progress = cohort.Progress(total, done=total - len(todo))
+        progress.to_grade = len(todo)
+        by_tag = {}
+        cfg = self._sandbox_config()
+        limits, key = self.limits, self.assignment.key
+
+        def tasks():
+            for i, found in todo:
+                claim = found.claim
+                shown = safe(str(claim.path), limits.path_chars)
+                read = read_claim(claim, limits.notebook_bytes)
+                if read.data is None:
+                    progress.dropped()
+                    self.reports[i] = self._not_graded(found, f"{shown} {read.problem}", shown, read.digest)
+                    continue
+                seed = self.seed if self.seed is not None else secrets.randbelow(2**31)
+                by_tag[i] = (found, read.digest, read.mtime)
+                yield cohort.make_task(i, key=key, student=found.student, label=str(claim.path),
+                                       name=claim.parts[-1], data=read.data, seed=seed, overrides=self.overrides,
+                                       sandbox=cfg, warm=self.warm)
+
+        runner = self._start(len(todo), cfg)
+        self.progress(f"grading {len(todo)} submission(s) with {runner.name}"
+                      + (" on GPU workers" if getattr(runner, "resources", None) else ""))
+        log.info("grading %d submission(s) with %s", len(todo), runner.name)
+        progress.restart()
+        try:
+            for task, outcome in runner.run(tasks()):
+                found, digest, mtime = by_tag.pop(task["tag"])
+                cohort.replay_log(outcome)
+                result = cohort.result_of(outcome, task, self.grader)
+                self.reports[task["tag"]] = self._record(found, result, digest, mtime,
+                                                         progress.add(result.status, graded=True))
+        finally:
+            runner.close()
+
+    def _sandbox_config(self) -> dict:
+        """How a task's grader sandboxes learner code: {"use", "forbidden", "cgroup"} (`cohort.make_task`)."""
+        sandbox = self.sandbox
+        cgroup = ("auto" if self.scheduler
+                  else (sandbox.cgroups.parent if sandbox is not None and sandbox.cgroups else None))
+        return {"use": self.use_sandbox, "forbidden": self.forbidden, "cgroup": cgroup}
+
+    def _start(self, count: int, cfg: dict):
+        """Where `count` submissions are graded: this process, or a Dask cluster whose every worker
+        has built and checked its sandbox (UsageError if it cannot start or a worker cannot)."""
+        from . import cohort
+
+        # Unasked, a local cluster is started only when each job gets a few submissions: its few seconds
+        # to start and stop would cost more than they save on a handful.
+        asked = self.jobs
+        jobs = max(1, min(asked, count) if asked else min(cohort.default_jobs(), count // cohort.MIN_PER_JOB))
+        key, scheduler = self.assignment.key, self.scheduler
+        if not (scheduler or jobs > 1):
+            # A warm start only where this process grades: its template is of no use to a cluster's run.
+            return cohort.Serial(cohort.new_grader(key, sandbox=self.sandbox, overrides=self.overrides, warm=True)
+                                 if self.warm else self.grader)
+        try:
+            runner = cohort.OnDask(jobs=jobs, address=scheduler, insecure=self.insecure_scheduler)
+        except Exception as exc:  # noqa: BLE001 - no cluster: say why, grade nothing
+            where = f"reach the Dask scheduler at {safe(scheduler, 200)}" if scheduler else f"start {jobs} local jobs"
+            raise UsageError(f"cannot {where}: {type(exc).__name__}: {exc}") from None
+        if runner.warning:  # an unauthenticated scheduler, asked for: on record in the run's log
+            log.warning("%s", runner.warning)
+        try:
+            probe = cohort.make_task(-1, key=key, student="", label="", name="", data=b"", seed=0,
+                                     overrides=self.overrides, sandbox=cfg, warm=self.warm)
+            ready = runner.prepare(probe)
+            failed = {w: r for w, r in ready.items() if isinstance(r, BaseException)}
+            if not ready:
+                raise UsageError(f"refusing to grade: the Dask scheduler {safe(scheduler, 200)} has no workers")
+            if failed:
+                raise UsageError("refusing to grade: " + "; ".join(
+                    f"worker {safe(w, 200)}: {type(r).__name__}: {r}" for w, r in sorted(failed.items())[:5]))
+            if scheduler:
+                for desc in sorted(set(ready.values())):
+                    n = sum(1 for d in ready.values() if d == desc)
+                    self.progress(f"{n} worker(s): {desc}")
+            runner.resources = cohort.task_resources(cohort.uses_cuda(self.grader), runner.workers())
+        except BaseException:
+            runner.close()
+            raise
+        return runner
+
+
+__all__ = ["GradingRun", "NO_SANDBOX_WARNING", "to_stderr", "quiet", "progress_line", "saved_result",
+           "write_json_atomic"]
