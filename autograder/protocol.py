@@ -96,7 +96,8 @@ def _is_tensor(x) -> bool:
 
 
 def array_payload(arr: np.ndarray) -> dict:
-    arr = np.ascontiguousarray(arr)
+    # (np.ascontiguousarray alone returns at least one dimension: a 0-d value keeps its shape ())
+    arr = np.ascontiguousarray(arr).reshape(np.shape(arr))
     name = _DTYPE_NAMES.get(arr.dtype)
     if name is None:
         raise CodecError(f"arrays of dtype {arr.dtype} cannot cross")
@@ -152,7 +153,7 @@ def device_key(device) -> str:
 
 def make_tensor(arr: np.ndarray, dtype: str, device: str):
     torch = _torch()
-    want = getattr(torch, dtype, None)
+    want = getattr(torch, dtype, None) if isinstance(dtype, str) else None
     if dtype not in TENSOR_DTYPES or not isinstance(want, torch.dtype):
         raise CodecError("unknown tensor dtype")
     if not isinstance(device, str) or not DEVICE_RE.match(device):

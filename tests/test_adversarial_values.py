@@ -233,8 +233,8 @@ def test_no_returned_kind_makes_any_check_crash(key, worker_module, tmp_path, mo
     def grade(plan, chosen):
         g.checks = chosen
         sub = InProcess(worker_module, cells, g.limits, plan)
-        res = g._result("ref", "ref", 1234)
-        g._run_checks(sub, res)
+        res = g.new_result("ref", "ref", 1234)
+        g.run_checks(sub, res)
         return sub, res
 
     sub, res = grade(lambda c, n, v, e: HONEST, checks)

@@ -134,6 +134,8 @@ GR_NO_STOP = "`{}` does not stop as soon as every row has produced eos."
 GR_ANY_STOP = "`{}` stops when the first row produces eos: stop when every row has."
 GR_STEPS = "`{}` takes one step too few or too many: at most max_len steps, one token each."
 GR_FIRST_POS = "`{}` takes the argmax of the first position's logits: the next token comes from the last position."
+GR_LEAKY_MASK = ("`{}` builds a causal mask that lets each position see the next one: keep the diagonal and "
+                 "below, torch.ones(T, T, dtype=torch.bool).tril() (diagonal 0).")
 GR_SPECIAL = "`{}` ignores its sos, eos or pad arguments: use the values passed."
 GR_DEVICE = "`{}` gives other tokens on a GPU than on the CPU: create every tensor on src.device."
 GR_OFFSET = ("`greedy_decode_cached` feeds every new token at position 0: pass offset=t, the position of the "
@@ -778,6 +780,11 @@ def _causal(T, past=0):
     return torch.ones(T, past + T, dtype=torch.bool).tril(diagonal=past)  # (T, past + T)
 
 
+def _leaky(T):
+    """A causal mask with a typical mistake: each position also sees the next one (tril(diagonal=1))."""
+    return torch.ones(T, T, dtype=torch.bool).tril(diagonal=1)
+
+
 def _check_cache(layer, got, expected):
     """The returned cache must be the reference's (k_all, v_all), given that the output was right."""
     k, v = got[1]
@@ -1251,7 +1258,7 @@ def test_transformer_causal_and_padding_properties(learner, reference, rng):
 
 def _greedy_here(m, src, max_len, sos=SOS, eos=EOS, pad=PAD, *, cached=False, offset_ignored=False,
                  no_cache=False, first_cache=False, mask=True, early=True, any_stop=False,
-                 with_sos=False, first_pos=False, no_src_mask=False, sm=None):
+                 with_sos=False, first_pos=False, no_src_mask=False, leaky_mask=False, sm=None):
     """Greedy decoding run from here with the learner's own model (its encode and decode); flags make mistakes."""
     sm = (src != pad)[:, None, None, :] if sm is None else sm
     sm = None if no_src_mask else sm
@@ -1267,7 +1274,8 @@ def _greedy_here(m, src, max_len, sos=SOS, eos=EOS, pad=PAD, *, cached=False, of
             logits, c = _learner_decode(m, inp, memory, sm, tm, None if no_cache else caches, off)
             caches = caches if first_cache and caches is not None else c
         else:
-            logits, _ = _learner_decode(m, ys, memory, sm, _causal(ys.shape[1]))
+            T = ys.shape[1]
+            logits, _ = _learner_decode(m, ys, memory, sm, _leaky(T) if leaky_mask else _causal(T))
         y = logits[:, 0 if first_pos else -1].argmax(-1)
         if mask:
             y = y.masked_fill(finished, pad)
@@ -1284,14 +1292,16 @@ def _greedy_here(m, src, max_len, sos=SOS, eos=EOS, pad=PAD, *, cached=False, of
 
 # The typical mistakes of greedy decoding that the chosen model and source must show (`_ref_greedy`).
 CACHED_MISTAKES = ("offset_zero", "first_cache", "no_cache")
-SHOWN = CACHED_MISTAKES + ("no_pad", "no_src_mask", "row0_stop", "first_pos")
+SHOWN = CACHED_MISTAKES + ("no_pad", "no_src_mask", "row0_stop", "first_pos", "leaky_mask")
 
 
 def _ref_greedy(reference, ref, src, max_len, sos, eos, pad, mistake=None):
     """The reference model's greedy decoding, with one typical mistake: of the cached decoder, "offset_zero"
     (every token fed at position 0), "first_cache" (the first step's caches passed at every step), "no_cache";
     of either, "no_pad" (rows go on after their eos, never padded), "no_src_mask" (no source mask), "row0_stop"
-    (stop when row 0 is finished), "first_pos" (the argmax of the first position's logits)."""
+    (stop when row 0 is finished), "first_pos" (the argmax of the first position's logits), "leaky_mask" (a
+    causal mask through which each position sees the next one: the last position's logits change only through
+    the earlier positions' outputs, in the layers after the first)."""
     sm = None if mistake == "no_src_mask" else reference.make_src_mask(src, pad)
     memory = ref.encode(src, sm)
     B = src.shape[0]
@@ -1304,7 +1314,8 @@ def _ref_greedy(reference, ref, src, max_len, sos, eos, pad, mistake=None):
                                      offset=0 if mistake == "offset_zero" else t)
             caches = caches if mistake == "first_cache" and caches is not None else new
         else:
-            logits, _ = ref.decode(ys, memory, sm, _causal(ys.shape[1]))
+            T = ys.shape[1]
+            logits, _ = ref.decode(ys, memory, sm, _leaky(T) if mistake == "leaky_mask" else _causal(T))
         y = logits[:, 0 if mistake == "first_pos" else -1].argmax(-1)
         if mistake != "no_pad":
             y = y.masked_fill(finished, pad)
@@ -1471,6 +1482,8 @@ def _check_greedy(learner, m, src, max_len, name, **special):
             return got
         table += [(GR_OFFSET, run(cached=True, offset_ignored=True)), (GR_NO_CACHE, run(cached=True, no_cache=True)),
                   (GR_FIRST_CACHE, run(cached=True, first_cache=True))]
+    else:
+        table.append((GR_LEAKY_MASK, run(leaky_mask=True)))
     table += [(GR_NO_PAD, run(mask=False)), (GR_NO_PAD, run(mask=False, early=False)),
               (GR_NO_STOP, run(early=False)), (GR_ANY_STOP, run(any_stop=True)),
               (GR_WITH_SOS, run(with_sos=True)), (GR_WITH_SOS, run(with_sos=True, early=False)),

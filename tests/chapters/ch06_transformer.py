@@ -161,6 +161,12 @@ MISTAKES = {
                  "logits, caches = model.decode(y[:, None], memory, src_mask, None, caches, offset=t)  # (B, 1, V)",
                  "logits, new = model.decode(y[:, None], memory, src_mask, None, caches, offset=t)  # (B, 1, V)\n"
                  "        caches = new if caches is None else caches"),)),
+    # Each position also sees the next one: in a two-layer decoder the last position's logits change too.
+    "greedy_leaky_causal_mask": Mistake(
+        24, {"test_greedy_decode_matches_reference", "test_greedy_decode_honours_sos_eos_pad"},
+        _all({"test_greedy_decode_matches_reference", "test_greedy_decode_honours_sos_eos_pad"},
+             "lets each position see the next one"), edits=(
+            ("device=src.device).tril()  # (T, T)", "device=src.device).tril(diagonal=1)  # (T, T)"),)),
     "greedy_no_src_mask": Mistake(22, GREEDY, _all(GREEDY, "ignores the source's padding"), edits=(
         ("    src_mask = make_src_mask(src, pad)\n", "    src_mask = None\n"),)),
 }
