@@ -124,7 +124,8 @@ def test_memory_of_several_processes_and_tmpfs_is_capped_in_the_workers_cgroup(b
 
 def test_memfds_beyond_the_limit_cost_only_that_part(batch):
     """Three processes fill memfds (tmpfs outside any size= and outside RLIMIT_AS) in causal_mask: that
-    part is lost (the worker is killed, or its children), every other check passes, the batch goes on."""
+    part is lost (the worker is killed, or its children, or, on a loaded machine where the cgroup's
+    reclaim throttles the writers, the call runs out of time), every other check passes, the batch goes on."""
     _needs_cgroup(batch)
     r = _result(batch, "kernel_memfd_hog")
     lost = sum(c["max_points"] for c in r["checks"] if c["part"] == "causal_mask")
@@ -132,7 +133,8 @@ def test_memfds_beyond_the_limit_cost_only_that_part(batch):
     for c in r["checks"]:
         if c["part"] == "causal_mask":
             m = re.search(r"KERNEL-MEMFD killed=(\d+)", c["hint"])
-            assert not c["passed"] and ("ended the grading process" in c["hint"] or (m and int(m.group(1)) >= 1)), c
+            ended = "ended the grading process" in c["hint"] or "did not finish within" in c["hint"]
+            assert not c["passed"] and (ended or (m and int(m.group(1)) >= 1)), c
         else:
             assert c["passed"], c
 
