@@ -5,14 +5,23 @@ session of its own, so one signal to its process group reaches everything it sta
 (`kill_group`). Its stdout and stderr go to one pipe that a thread drains (`OutputDrain`),
 keeping at most a fixed number of bytes: a process that prints without end never blocks on a
 full pipe and never fills the grader's memory.
+
+A process the trusted side starts to grade beside it (a process of `seeds --jobs N`) ends with
+the process that started it: `die_with_parent` asks the kernel (Linux) to send it SIGTERM when
+its parent dies, however the parent died; `on_sigterm` lets the parent end such processes first
+when it is itself asked to end.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
+import sys
 import threading
+
+PR_SET_PDEATHSIG = 1
 
 
 class OutputDrain:
@@ -51,3 +60,46 @@ def kill_group(proc: subprocess.Popen) -> None:
         proc.wait(timeout=10)
     except subprocess.TimeoutExpired:
         pass
+
+
+def die_with_parent(parent: int, sig: int = signal.SIGTERM) -> None:
+    """Have the kernel send `sig` to this process when its parent dies (Linux's prctl; nothing where
+    there is none), and end at once if the parent, `parent` (its pid), died before that took effect."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(ctypes.c_int(PR_SET_PDEATHSIG), ctypes.c_ulong(sig),
+                                                    ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0))
+        except (OSError, AttributeError):
+            pass  # no prctl to call: as without it
+    if os.getppid() != parent:  # orphaned already: the signal would never come
+        os._exit(128 + sig)
+
+
+@contextlib.contextmanager
+def on_sigterm(action):
+    """While inside, a SIGTERM to this process first calls `action()` (which ends what this process
+    started), then takes its usual course: the handler that was there before is called, or the
+    process dies of the signal. Only in the main thread, and only where SIGTERM is not ignored;
+    elsewhere nothing changes."""
+    previous = signal.getsignal(signal.SIGTERM)
+    if threading.current_thread() is not threading.main_thread() or previous in (signal.SIG_IGN, None):
+        yield
+        return
+
+    def handler(signum, frame):
+        signal.signal(signal.SIGTERM, previous)  # a second SIGTERM takes its usual course at once
+        try:
+            action()
+        finally:
+            if callable(previous):
+                previous(signum, frame)
+            else:
+                os.kill(os.getpid(), signum)
+
+    signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -36,7 +36,10 @@ What keeps it affordable:
   killed it, in order, until one fails again (then it is killed at that seed too: its
   verdict is the same); only when none fails is it graded in full. The verdict is exact; the
   score of a killed mutant is not asked for (the table rows give scores in full).
-* ``--jobs N`` grades N notebooks at once, one process each.
+* ``--jobs N`` grades N notebooks at once, one process each. Those processes end with the
+  command, however it ends: each asks the kernel for a SIGTERM when the command dies (even by
+  SIGKILL), and a SIGTERM to the command ends them before it ends; on SIGTERM a process of the
+  pool ends its grading worker, then itself (`pool_initializer`).
 
 Exit status: 0 when every verdict holds under every seed (and every row agrees with its
 table), 1 otherwise, 2 for a usage error.
@@ -46,6 +49,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
 import sys
 import tempfile
 import time
@@ -269,11 +274,48 @@ def make_grader(key: str, sandbox: bool = False):
     return _GRADERS[key, sandbox]
 
 
+def pool_initializer(parent: int) -> None:
+    """Run first in each process of the pool: it dies with the command (pid `parent`), and a SIGTERM
+    (from the kernel when the command died, or from the command) ends the notebook being graded, its
+    worker included, before the process ends."""
+    from .processes import die_with_parent
+
+    die_with_parent(parent)
+    signal.signal(signal.SIGTERM, _end_on_sigterm)
+
+
+class PoolWorkerEnded(SystemExit):
+    """Raised in a process of the pool by a SIGTERM: unwinding the grading ends its worker and removes
+    its files."""
+
+
+def _end_on_sigterm(signum, frame):
+    signal.signal(signum, signal.SIG_IGN)  # a second SIGTERM (kernel and command both send one) is ignored
+    raise PoolWorkerEnded(128 + signum)
+
+
 def _pool_task(key: str, item: Item, seeds: list[int], sandbox: bool) -> tuple[dict[int, dict], float]:
     logging.getLogger("autograder").setLevel(logging.CRITICAL)  # grader errors are in the records
     start = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="seeds-") as tmp:
-        return grade_item(make_grader(key, sandbox), item, seeds, Path(tmp)), time.monotonic() - start
+    try:
+        with tempfile.TemporaryDirectory(prefix="seeds-") as tmp:
+            return grade_item(make_grader(key, sandbox), item, seeds, Path(tmp)), time.monotonic() - start
+    except PoolWorkerEnded as exc:  # end here: the pool would catch it and wait for more work
+        os._exit(exc.code)
+
+
+def _stop_pool(futures) -> None:
+    """End a pool at once: its work not yet started is cancelled, its processes terminated."""
+    import multiprocessing
+
+    for fut in futures:
+        fut.cancel()
+    processes = multiprocessing.active_children()  # this process's only: the pool's
+    for p in processes:
+        p.terminate()
+    deadline = time.monotonic() + 5
+    for p in processes:  # each ends its grading worker first
+        p.join(max(deadline - time.monotonic(), 0))
 
 
 def grade_all(key: str, items: list[Item], seeds: list[int], *, jobs: int = 1, grader=None, sandbox: bool = False,
@@ -300,8 +342,14 @@ def grade_all(key: str, items: list[Item], seeds: list[int], *, jobs: int = 1, g
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = {pool.submit(_pool_task, key, item, seeds, sandbox): item for item in items}
+    from .processes import on_sigterm
+
+    futures: dict = {}
+    with on_sigterm(lambda: _stop_pool(list(futures))), \
+            ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
+                                initializer=pool_initializer, initargs=(os.getpid(),)) as pool:
+        for item in items:
+            futures[pool.submit(_pool_task, key, item, seeds, sandbox)] = item
         for fut in as_completed(futures):
             out[futures[fut].name], seconds = fut.result()
             tell(futures[fut], seconds)

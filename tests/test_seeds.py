@@ -3,17 +3,26 @@ rows and mutants keeps its verdict under several seeds, and the command's logic 
 check planted to depend on the seed.
 
 The full run is `python -m autograder seeds KEY --jobs 2` (minutes per exercise, 20 seeds);
-here one exercise grades a few rows and mutants under four seeds, in process.
+here one exercise grades a few rows and mutants under four seeds, in process. Killed while it
+grades with ``--jobs 2``, the command leaves none of its processes running.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
 
 import pytest
 
 from autograder import seeds as sd
-from autograder.assignments import get_assignment
+from autograder.assignments import ROOT, get_assignment
 from autograder.grader import Grader, check_seed
 
 KEY = "03_qkv"
@@ -84,3 +93,110 @@ def test_seed_ranges_and_cli_usage(capsys):
     assert main(["seeds", "99_nothing"]) == 2
     assert main(["seeds", KEY, "--rows", "no_such_row", "--seeds", "1", "--quiet"]) == 2
     assert "no such row" in capsys.readouterr().err
+
+
+# --- the command's processes end with it ----------------------------------------------------------------
+
+RUN = ["seeds", "01_seq2seq", "--mutants-only", "--sample", "6", "--jobs", "2", "--seeds", "3"]
+
+
+def _stat(pid: int) -> tuple[str, str] | None:
+    """(state, start time) of a process, or None when there is none."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2:].split()
+    return fields[0], fields[19]
+
+
+def _descendants(pid: int) -> dict[int, str]:
+    """pid -> start time of every process below `pid` (children, their children, ...)."""
+    out: dict[int, str] = {}
+    todo = [pid]
+    while todo:
+        for task in Path(f"/proc/{todo.pop()}/task").glob("*"):
+            try:
+                children = [int(c) for c in (task / "children").read_text().split()]
+            except OSError:
+                continue
+            for child in children:
+                st = _stat(child)
+                if st is not None and child not in out:
+                    out[child] = st[1]
+                    todo.append(child)
+    return out
+
+
+def _marked(marker: bytes) -> dict[int, str]:
+    """pid -> start time of every process whose environment holds `marker`."""
+    out = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                environ = (entry / "environ").read_bytes()
+            except OSError:
+                continue
+            st = _stat(int(entry.name))
+            if marker in environ.split(b"\0") and st is not None:
+                out[int(entry.name)] = st[1]
+    return out
+
+
+def _still_running(procs: dict[int, str]) -> dict[int, str]:
+    """Those of `procs` (pid -> start time) that still run (zombies and reused pids left out), with
+    their command lines."""
+    out = {}
+    for pid, start in procs.items():
+        st = _stat(pid)
+        if st is not None and st[0] != "Z" and st[1] == start:
+            try:
+                out[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                pass
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads the process tree from /proc (Linux)")
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_the_pool_ends_when_the_command_is_killed(sig, tmp_path):
+    """With `seeds --jobs 2` killed (SIGKILL or SIGTERM, to its own pid only) while it grades, does no
+    process it started (the pool's, the workers they started) keep running?"""
+    marker = f"SEEDS_TEST_RUN={tmp_path}".encode()  # this run's processes only: nobody else's
+    env = {**os.environ, "SEEDS_TEST_RUN": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "autograder", *RUN, "--out", str(tmp_path)], cwd=ROOT, env=env,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stderr], daemon=True).start()
+    started = set()
+    try:
+        end = time.monotonic() + 20
+        while time.monotonic() < end:  # until its first progress line (a graded mutant) or 20 s
+            try:
+                if lines.get(timeout=0.2).startswith(b"["):
+                    break
+            except queue.Empty:
+                pass
+            assert proc.poll() is None, "the run ended before it was killed"
+        started = {**_descendants(proc.pid), **_marked(marker)}
+        assert len(started) >= 2, "no pool started"  # the pool's processes (and the resource tracker)
+        os.kill(proc.pid, sig)
+        assert proc.wait(timeout=30) == -sig  # a SIGTERM still ends the command as it did
+        end = time.monotonic() + 10
+        while True:
+            left = _still_running({**started, **_marked(marker)})
+            if not left or time.monotonic() > end:
+                break
+            time.sleep(0.2)
+        assert not left, f"still running after the command was killed: {left}"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in _still_running({**started, **_marked(marker)}):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass

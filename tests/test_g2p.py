@@ -1,0 +1,96 @@
+"""Chapter 08's data pipeline and experiment: the split, the batched beam search against exercise
+08's own, and the kept weights against the code that trained them."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from solutions import ch06_transformer, g2p_data, g2p_experiment
+from solutions.ch08_pronunciation import EOS, beam_search, pad_batch
+
+ARPABET_39 = set("AA AE AH AO AW AY B CH D DH EH ER EY F G HH IH IY JH K L M N NG OW OY P R S SH T TH "
+                 "UH UW V W Y Z ZH".split())
+
+
+@pytest.fixture(scope="module")
+def lexicon():
+    return g2p_data.load()
+
+
+def test_split_is_by_word_and_sized_as_documented(lexicon):
+    """Every kept word falls on one side, decided by its spelling; the sides have the documented shares."""
+    sides = {s: set(lexicon.words(s)) for s in g2p_data.SPLITS}
+    assert sum(len(v) for v in sides.values()) == len(lexicon.prons)
+    assert not (sides["train"] & sides["test"]) and not (sides["valid"] & sides["test"])
+    n = len(lexicon.prons)
+    for side, share in (("test", 0.10), ("valid", 0.05), ("train", 0.85)):
+        assert abs(len(sides[side]) / n - share) < 0.01, side
+    # The same word always lands on the same side, wherever it is asked from.
+    assert all(g2p_data.split_of(w) == "test" for w in list(sides["test"])[:50])
+
+
+def test_kept_entries_are_letters_and_stress_free_phonemes(lexicon):
+    assert all(re.fullmatch(r"[a-z]+", w) for w in lexicon.prons)
+    phonemes = {ph for prons in lexicon.prons.values() for p in prons for ph in p}
+    assert phonemes == ARPABET_39
+    # several pronunciations are kept, distinct after the stress is gone
+    assert lexicon.prons["either"] == (("IY", "DH", "ER"), ("AY", "DH", "ER"))
+    assert all(len(set(p)) == len(p) for p in lexicon.prons.values())
+    assert lexicon.dropped["apostrophe"] > 0 and "aaron's" not in lexicon.prons
+
+
+def _tiny_transformer(seed):
+    torch.manual_seed(seed)
+    return g2p_experiment.TransformerG2P(12, 10, d_model=16, n_heads=2, n_layers=1, d_ff=32, max_len=32).eval()
+
+
+@pytest.mark.parametrize("beam_size,alpha", [(1, 1.0), (3, 0.0), (3, 1.0), (4, 0.6)])
+def test_batched_beam_agrees_with_the_exercise(beam_size, alpha):
+    """The book decodes many words at once; each word's output is exercise 08's beam_search's best."""
+    g = torch.Generator().manual_seed(beam_size)
+    words = [torch.randint(4, 12, (int(n),), generator=g).tolist() for n in torch.randint(1, 9, (12,), generator=g)]
+    for seed in range(3):
+        model = _tiny_transformer(seed)
+        batched = g2p_experiment.beam_decode(model, words, beam_size, max_len=7, alpha=alpha, batch_size=5)
+        for word, got in zip(words, batched):
+            best = beam_search(model, torch.tensor(word), beam_size, 7, alpha)[0][0]
+            assert got == (best[:-1] if best[-1] == EOS else best)
+
+
+def test_beam_of_one_is_chapter_06_greedy_decoding():
+    model = _tiny_transformer(5)
+    g = torch.Generator().manual_seed(0)
+    words = [torch.randint(4, 12, (int(n),), generator=g).tolist() for n in torch.randint(1, 9, (16,), generator=g)]
+    src, _ = pad_batch(words)
+    greedy = ch06_transformer.greedy_decode(model, src, 6, pad=0).tolist()
+    for got, row in zip(g2p_experiment.beam_decode(model, words, 1, max_len=6), greedy):
+        want = row[:row.index(EOS)] if EOS in row else row
+        assert got == want
+
+
+@pytest.mark.parametrize("kind", g2p_experiment.KINDS)
+def test_kept_weights_match_the_code_that_trained_them(kind):
+    """The book loads the kept weights only while their manifest matches the current code, data and
+    settings; an edit to the training code must come with `make train`."""
+    assert g2p_experiment.load(kind, g2p_experiment.BUDGETS["full"]) is not None, (
+        f"solutions/g2p_weights/{kind}.pt is stale or missing: run make train")
+
+
+@pytest.mark.slow
+def test_small_budget_pipeline_end_to_end(tmp_path, monkeypatch):
+    """Data, vocabularies, bucketed batches, training, decoding and scoring, for every kind, in minutes:
+    the pipeline that `make train` runs at full budget cannot rot unnoticed."""
+    monkeypatch.setattr(g2p_experiment, "WEIGHTS_DIR", tmp_path)
+    monkeypatch.setattr(g2p_experiment, "MANIFEST", tmp_path / "manifest.json")
+    config = g2p_experiment.BUDGETS["small"]
+    words = g2p_data.load().words("valid")[:300]
+    for kind in g2p_experiment.KINDS:
+        model, record = g2p_experiment.train(kind, config)
+        assert record["losses"][-1] < record["losses"][0]
+        per, wer, hyps = g2p_experiment.evaluate(model, words, beam_size=2)
+        assert 0 < per <= 2 and 0 < wer <= 1 and len(hyps) == len(words)
+        g2p_experiment.save(kind, config, model, record, {"valid_per": per})
+        assert g2p_experiment.load(kind, config) is not None
