@@ -154,18 +154,8 @@ class RecurrentG2P(nn.Module):
 
 
 class TransformerG2P(ch06_transformer.Transformer):
-    """Chapter 06's Transformer, with the decoding interface of ``RecurrentG2P`` (no cache: the
-    prefix is short, and recomputing it keeps one code path)."""
-
-    def start(self, src):
-        src_mask = ch06_transformer.make_src_mask(src, PAD)
-        return {"memory": self.encode(src, src_mask), "mask": src_mask}, None
-
-    def step(self, enc, rows, y_prev, hidden, prefix=None):
-        T = prefix.size(1)
-        causal = torch.ones(T, T, dtype=torch.bool, device=prefix.device).tril()
-        logits, _ = self.decode(prefix, enc["memory"][rows], enc["mask"][rows], causal)
-        return logits[:, -1], None, None
+    """Chapter 06's Transformer as chapter 08 trains it: pre-LN, its forward unchanged. Decoding
+    (``transformer_start``, ``transformer_step``) feeds it one token a step with its KV cache."""
 
 
 def build(kind: str, config: Config, vocabs: g2p_data.Vocabs | None = None) -> nn.Module:
@@ -183,29 +173,66 @@ def build(kind: str, config: Config, vocabs: g2p_data.Vocabs | None = None) -> n
 # --- decoding ------------------------------------------------------------------------------------
 
 
+def transformer_start(model, src):
+    """Encode once: the memory and padding mask of each word, and no cache yet."""
+    src_mask = ch06_transformer.make_src_mask(src, PAD)
+    return {"memory": model.encode(src, src_mask), "mask": src_mask}, None
+
+
+def transformer_step(model, enc, rows, y_prev, caches, prefix):
+    """One step of chapter 06's cached decoding for the rows (R,) of words `rows`: the newest token
+    y_prev (R,) at position prefix.size(1) - 1, the caches of the earlier ones (one (k, v) per layer,
+    (R, H, t, d_head)) -> (logits (R, V), the caches with this token's keys and values, None)."""
+    logits, caches = model.decode(y_prev[:, None], enc["memory"][rows], enc["mask"][rows], None, caches,
+                                  offset=prefix.size(1) - 1)
+    return logits[:, -1], caches, None
+
+
+def reorder(state, parents):
+    """The decoder state of each surviving output's parent row: a GRU's hidden (R, H), a list of
+    (k, v) caches, or None."""
+    if state is None:
+        return None
+    if isinstance(state, torch.Tensor):
+        return state[parents]
+    return [(k[parents], v[parents]) for k, v in state]
+
+
 @torch.no_grad()
 def beam_decode(model, words_ids, beam_size=1, max_len=32, alpha=1.0, batch_size=256):
     """The best output (a list of phoneme ids, without EOS) for each word (a list of letter ids).
 
     Exercise 08's ``beam_search`` run on many words at once: each word keeps its own beam, which
     shrinks as outputs finish; the unfinished outputs of every word are decoded in one batch, and
-    the finished ones are ranked by log P / length**alpha. beam_size=1 is greedy decoding."""
+    the finished ones are ranked by log P / length**alpha. beam_size=1 is greedy decoding.
+
+    The words are decoded in batches of similar length, and an output may have at most
+    2 S + 6 tokens for the batch's longest word of S letters (and at most `max_len`): the longest
+    pronunciation in the dictionary relative to its spelling is an acronym's, 'aol', 3 letters and
+    11 phonemes. Without that bound, one beam that never ends makes its whole batch run to
+    `max_len`, whatever the others do."""
     model.eval()
-    results = []
-    for start in range(0, len(words_ids), batch_size):
-        chunk = words_ids[start:start + batch_size]
+    order = sorted(range(len(words_ids)), key=lambda i: len(words_ids[i]))
+    results = [None] * len(words_ids)
+    for start in range(0, len(order), batch_size):
+        chunk = [words_ids[i] for i in order[start:start + batch_size]]
         src, _ = pad_batch(chunk)
-        enc, hidden0 = model.start(src)
+        steps = min(max_len, 2 * src.size(1) + 6)
+        if isinstance(model, TransformerG2P):
+            start_fn, step_fn = (lambda x: transformer_start(model, x)), (lambda *a: transformer_step(model, *a))
+        else:
+            start_fn, step_fn = model.start, model.step
+        enc, hidden0 = start_fn(src)
         # One row per unfinished output: its word, its tokens, its log-probability.
         rows = list(range(len(chunk)))
         seqs = [[] for _ in chunk]
         totals = torch.zeros(len(chunk))
         hidden = hidden0
         finished = [[] for _ in chunk]
-        for step in range(max_len):
+        for step in range(steps):
             row_t = torch.tensor(rows)
             prefix = torch.tensor([[SOS] + s for s in seqs])
-            logits, hidden, _ = model.step(enc, row_t, prefix[:, -1], hidden, prefix)
+            logits, hidden, _ = step_fn(enc, row_t, prefix[:, -1], hidden, prefix)
             total = totals[:, None] + F.log_softmax(logits.float(), dim=-1)  # (R, V)
             vocab = total.size(-1)
             new_rows, new_seqs, new_totals, parents = [], [], [], []
@@ -218,7 +245,7 @@ def beam_decode(model, words_ids, beam_size=1, max_len=32, alpha=1.0, batch_size
                 for logp, i in zip(top.tolist(), idx.tolist()):
                     parent, tok = rs[i // vocab], i % vocab
                     seq = seqs[parent] + [tok]
-                    if tok == EOS or step == max_len - 1:
+                    if tok == EOS or step == steps - 1:
                         finished[w].append((seq, logp / len(seq) ** alpha))
                     else:
                         new_rows.append(w)
@@ -228,11 +255,10 @@ def beam_decode(model, words_ids, beam_size=1, max_len=32, alpha=1.0, batch_size
             if not new_rows:
                 break
             rows, seqs, totals = new_rows, new_seqs, torch.tensor(new_totals)
-            if hidden is not None:
-                hidden = hidden[torch.tensor(parents)]
-        for outs in finished:
+            hidden = reorder(hidden, torch.tensor(parents))
+        for i, outs in zip(order[start:start + batch_size], finished):
             best = max(outs, key=lambda pair: pair[1])[0]
-            results.append(best[:-1] if best and best[-1] == EOS else best)
+            results[i] = best[:-1] if best and best[-1] == EOS else best
     return results
 
 

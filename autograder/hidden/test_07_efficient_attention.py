@@ -398,6 +398,10 @@ def test_tiled_attention_matches_exact(learner, reference, rng):
     q, k, v = _qkv(rng, (2,), 11, 6, 8, 5)
     _check_tiled(learner, q, k, v, 1)
     _check_tiled(learner, q, k, v, 64)  # one block holds everything
+    # Two leading dimensions of different sizes, whatever the seed drew above: the batch shape is all of
+    # them, (2, 3), never a part of it.
+    q, k, v = _qkv(rng, (2, 3), 11, 9, 8, 5)
+    _check_tiled(learner, q, k, v, 4)
 
 
 @points(2, part="tiled_attention")
@@ -574,6 +578,10 @@ def test_linear_attention_matches_reference(learner, reference, rng):
         got = tensor(learner.linear_attention(q, k, v), LINEAR, shape=(2, 5, 3), dtype=dtype)
         expect(_finite(got), L_NO_EPS)
         _check_linear(learner, q, k, v)
+    # Keys whose phi(k) is about 3e-7: the denominators are a few eps, so eps added on the wrong side, or
+    # left out, changes the result by far more than the tolerance, under every seed.
+    q, k, v = _qkv(rng, (2,), 5, 7, 4, 3, F64)
+    _check_linear(learner, q, k * 0.1 - 15.0, v)
 
 
 def _expect_length_error(learner, Lq, Lk, rng):
