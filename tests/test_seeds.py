@@ -172,8 +172,8 @@ def test_the_pool_ends_when_the_command_is_killed(sig, tmp_path):
     threading.Thread(target=lambda: [lines.put(line) for line in proc.stderr], daemon=True).start()
     started = set()
     try:
-        end = time.monotonic() + 20
-        while time.monotonic() < end:  # until its first progress line (a graded mutant) or 20 s
+        end = time.monotonic() + 90
+        while time.monotonic() < end:  # until its first progress line (a graded mutant) or 90 s
             try:
                 if lines.get(timeout=0.2).startswith(b"["):
                     break
@@ -184,7 +184,9 @@ def test_the_pool_ends_when_the_command_is_killed(sig, tmp_path):
         assert len(started) >= 2, "no pool started"  # the pool's processes (and the resource tracker)
         os.kill(proc.pid, sig)
         assert proc.wait(timeout=30) == -sig  # a SIGTERM still ends the command as it did
-        end = time.monotonic() + 10
+        # A pool process still starting (importing the course) when the parent dies ends when it reaches
+        # its initializer, which finds its parent gone: on a loaded machine that can take tens of seconds.
+        end = time.monotonic() + 60
         while True:
             left = _still_running({**started, **_marked(marker)})
             if not left or time.monotonic() > end:
