@@ -8,7 +8,8 @@ full pipe and never fills the grader's memory.
 
 A process the trusted side starts to grade beside it (a process of `seeds --jobs N`) ends with
 the process that started it: `die_with_parent` asks the kernel (Linux) to send it SIGTERM when
-its parent dies, however the parent died; `on_sigterm` lets the parent end such processes first
+its parent dies, however the parent died, and a watchdog thread ends it (and what it started)
+a few seconds later if that signal did not; `on_sigterm` lets the parent end such processes first
 when it is itself asked to end.
 """
 
@@ -20,6 +21,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 PR_SET_PDEATHSIG = 1
 
@@ -62,9 +64,16 @@ def kill_group(proc: subprocess.Popen) -> None:
         pass
 
 
-def die_with_parent(parent: int, sig: int = signal.SIGTERM) -> None:
+def die_with_parent(parent: int, sig: int = signal.SIGTERM, *, grace: float = 5.0, cleanup=None) -> None:
     """Have the kernel send `sig` to this process when its parent dies (Linux's prctl; nothing where
-    there is none), and end at once if the parent, `parent` (its pid), died before that took effect."""
+    there is none), and end at once if the parent, `parent` (its pid), died before that took effect.
+
+    The signal asks for an orderly end, which runs in the main thread and can be lost: it may arrive
+    while the main thread is in code that cannot be interrupted for long, or be handled and the
+    process carry on. So a watchdog thread also looks at the parent every quarter second; once it
+    is gone, the process has `grace` seconds to end by itself; then the watchdog calls `cleanup()`
+    (best effort), kills every process this one started (each as a whole process group where it
+    leads one) and ends the process: an orphan never outlives its parent by more than grace + 1 s."""
     if sys.platform.startswith("linux"):
         try:
             import ctypes
@@ -75,6 +84,48 @@ def die_with_parent(parent: int, sig: int = signal.SIGTERM) -> None:
             pass  # no prctl to call: as without it
     if os.getppid() != parent:  # orphaned already: the signal would never come
         os._exit(128 + sig)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.25)
+        time.sleep(grace)
+        try:
+            if cleanup is not None:
+                cleanup()
+        except BaseException:  # noqa: BLE001 - ending matters more than tidying
+            pass
+        kill_children()
+        os._exit(128 + sig)
+
+    threading.Thread(target=watch, name="die-with-parent", daemon=True).start()
+
+
+def kill_children() -> None:
+    """SIGKILL every process whose parent is this one (Linux: read from /proc), its whole process
+    group where it leads one (a grading worker leads a session of its own)."""
+    me = os.getpid()
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid != me:
+            continue
+        pid = int(name)
+        try:
+            if os.getpgid(pid) == pid:
+                os.killpg(pid, signal.SIGKILL)
+            else:
+                os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
 
 
 @contextlib.contextmanager

@@ -280,8 +280,18 @@ def pool_initializer(parent: int) -> None:
     worker included, before the process ends."""
     from .processes import die_with_parent
 
-    die_with_parent(parent)
+    die_with_parent(parent, cleanup=_remove_work)
     signal.signal(signal.SIGTERM, _end_on_sigterm)
+
+
+_WORK: set = set()  # the folders this process of the pool grades in now
+
+
+def _remove_work() -> None:
+    import shutil
+
+    for path in list(_WORK):
+        shutil.rmtree(path, ignore_errors=True)
 
 
 class PoolWorkerEnded(SystemExit):
@@ -299,7 +309,11 @@ def _pool_task(key: str, item: Item, seeds: list[int], sandbox: bool) -> tuple[d
     start = time.monotonic()
     try:
         with tempfile.TemporaryDirectory(prefix="seeds-") as tmp:
-            return grade_item(make_grader(key, sandbox), item, seeds, Path(tmp)), time.monotonic() - start
+            _WORK.add(tmp)
+            try:
+                return grade_item(make_grader(key, sandbox), item, seeds, Path(tmp)), time.monotonic() - start
+            finally:
+                _WORK.discard(tmp)
     except PoolWorkerEnded as exc:  # end here: the pool would catch it and wait for more work
         os._exit(exc.code)
 

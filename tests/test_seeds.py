@@ -202,3 +202,50 @@ def test_the_pool_ends_when_the_command_is_killed(sig, tmp_path):
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
+
+
+ORPHAN = """
+import os, signal, subprocess, sys, time
+sys.path.insert(0, sys.argv[1])
+from autograder.processes import die_with_parent
+die_with_parent(os.getppid(), grace=0.5, cleanup=lambda: open(sys.argv[2], "w").close())
+signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the orderly end never comes: as if it had been lost
+grandchild = subprocess.Popen(["sleep", "300"], start_new_session=True)
+print(os.getpid(), grandchild.pid, flush=True)
+time.sleep(300)
+"""
+
+PARENT = """
+import subprocess, sys
+child = subprocess.Popen([sys.executable, "-c", sys.argv[1], sys.argv[2], sys.argv[3]], stdout=sys.stdout)
+child.wait()
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads the process tree from /proc (Linux)")
+def test_an_orphan_whose_sigterm_is_lost_still_ends_with_what_it_started(tmp_path):
+    """A process of the pool whose SIGTERM is lost (handled, or ignored) when its parent dies is ended
+    by its watchdog, after its cleanup, with the process group it started."""
+    done = tmp_path / "cleaned"
+    procs: dict[int, str] = {}
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, ORPHAN, str(ROOT), str(done)],
+                              stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        pids = [int(p) for p in parent.stdout.readline().split()]
+        assert len(pids) == 2, "the orphan did not start"
+        procs = {pid: _stat(pid)[1] for pid in pids}
+        assert len(_still_running(procs)) == 2
+        time.sleep(1)  # longer than the grace: only the parent's death may start it
+        assert len(_still_running(procs)) == 2 and not done.exists()
+        parent.kill()
+        parent.wait()
+        end = time.monotonic() + 20
+        while _still_running(procs) and time.monotonic() < end:
+            time.sleep(0.1)
+        assert not _still_running(procs), "the orphan or its process group outlived the parent"
+        assert done.exists(), "the watchdog ended the orphan without its cleanup"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+        for pid in _still_running(procs):
+            os.kill(pid, signal.SIGKILL)
