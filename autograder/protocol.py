@@ -9,7 +9,8 @@ Framing: one JSON document per line, each way. The trusted side sends a request
 or ``{"id": N, "ok": false, "kind": KIND_..., "type": "...", "message": "..."}``.
 
 Values: JSON scalars and lists as themselves; everything else as a one-key object whose
-key is a tag (``TAG_TUPLE``...). Arrays and tensors travel as raw bytes (base64) with an
+key is a tag (``TAG_TUPLE``...). A ``bytes`` value travels as base64 (strictly checked). Arrays
+and tensors travel as raw bytes (base64) with an
 allow-listed dtype and a shape, never pickle, so reading a reply cannot run code. Reading
 is bounded: a reply's size, its number of containers, its nesting and each array's bytes
 are checked against limits before anything is built, so the cost of decoding is linear
@@ -43,6 +44,7 @@ KINDS = (KIND_LEARNER, KIND_NOT_IMPLEMENTED, KIND_MISSING, KIND_CODEC)
 
 # --- value tags ---------------------------------------------------------------------------
 TAG_FLOAT = "__float__"        # "nan", "inf", "-inf"
+TAG_BYTES = "__bytes__"        # base64 of a bytes value (not bytearray, not a subclass)
 TAG_NDARRAY = "__ndarray__"    # array payload
 TAG_NPSCALAR = "__npscalar__"  # array payload of shape ()
 TAG_TENSOR = "__tensor__"      # {"dtype", "device", "array"}
@@ -103,6 +105,20 @@ def array_payload(arr: np.ndarray) -> dict:
         raise CodecError(f"arrays of dtype {arr.dtype} cannot cross")
     return {"dtype": name, "shape": [int(n) for n in arr.shape],
             "data": base64.b64encode(arr.tobytes()).decode("ascii")}
+
+
+def bytes_from_payload(data) -> bytes:
+    """A bytes value from its base64 text: only canonical base64 (the encoder's own output), so one
+    value has one spelling. Its size is bounded by the frame's."""
+    if not isinstance(data, str) or len(data) % 4 or not data.isascii():
+        raise CodecError("malformed bytes")
+    try:
+        raw = base64.b64decode(data, validate=True)
+    except ValueError:
+        raise CodecError("malformed bytes") from None
+    if base64.b64encode(raw).decode("ascii") != data:
+        raise CodecError("malformed bytes")
+    return raw
 
 
 def _shape(shape, max_dims: int) -> list[int]:
@@ -207,6 +223,8 @@ def encode(obj, to_handle=None, depth: int = 0, max_depth: int = 32):
         return obj
     if type(obj) is float:
         return obj if math.isfinite(obj) else {TAG_FLOAT: repr(obj)}
+    if type(obj) is bytes:
+        return {TAG_BYTES: base64.b64encode(obj).decode("ascii")}
     if isinstance(obj, np.ndarray):
         return {TAG_NDARRAY: array_payload(obj)}
     if isinstance(obj, np.generic) and obj.dtype.name in DTYPES:
@@ -286,6 +304,8 @@ class Decoder:
             if val not in ("nan", "inf", "-inf"):
                 raise CodecError("malformed float")
             return float(val)
+        if tag == TAG_BYTES:
+            return bytes_from_payload(val)
         if tag == TAG_NDARRAY:
             return array_from_payload(val, max_dims=self.max_dims)
         if tag == TAG_NPSCALAR:

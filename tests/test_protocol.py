@@ -121,6 +121,25 @@ def test_plain_values_round_trip(value):
         assert str(back) == str(value)  # -0.0 stays negative
 
 
+@pytest.mark.parametrize("value", [b"", b"abc", bytes(range(256)), b"\xff\xfe invalid UTF-8", "héllo 👋".encode()])
+def test_bytes_round_trip(value):
+    back = crossed(value)
+    assert back == value and type(back) is bytes
+
+
+@pytest.mark.parametrize("val", [
+    None, 5, ["YWJj"], b"YWJj",
+    "YWJ",        # not a multiple of four
+    "YW*j",       # not base64
+    "YWJj\n",     # a newline the decoder would skip
+    "YQ==YQ==",   # data after the padding
+    "YR==",       # not canonical: bits past the last byte set
+    "YWJjé===",   # not ASCII
+])
+def test_malformed_bytes_are_refused(val):
+    refused({P.TAG_BYTES: val}, "malformed bytes")
+
+
 def test_a_tuple_stays_a_tuple_and_a_list_a_list():
     back = crossed([(1, [2]), [(3,)]])
     assert type(back) is list and type(back[0]) is tuple and type(back[0][1]) is list and type(back[1][0]) is tuple
@@ -237,7 +256,7 @@ class _MyDict(dict):
 
 @pytest.mark.parametrize("value, words", [
     ({1, 2}, "type set cannot cross"),
-    (b"raw", "type bytes cannot cross"),
+    (bytearray(b"raw"), "type bytearray cannot cross"),
     (object(), "type object cannot cross"),
     (_MyList([1]), "type _MyList cannot cross"),   # a subclass is not its base: its methods are the learner's
     (_MyInt(1), "type _MyInt cannot cross"),
