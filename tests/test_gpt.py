@@ -1,0 +1,123 @@
+"""Chapter 09's data and experiment: the split by document, the compressors' conditional figures,
+the held-out scoring, and the kept weights against the code that trained them."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from solutions import gpt_data, gpt_experiment
+
+
+def test_split_is_by_document_deterministic_and_sized_as_documented():
+    sides = gpt_data.assignment()
+    kept = {n for n in gpt_data.documents() if n not in gpt_data.sections()}
+    assert set(sides) == kept and set(sides.values()) == set(gpt_data.SPLITS)
+    names = {s: set(gpt_data.split_names(s)) for s in gpt_data.SPLITS}
+    assert sum(len(v) for v in names.values()) == len(kept)  # every kept document on exactly one side
+    docs = gpt_data.documents()
+    total = sum(len(docs[n]) for n in kept)
+    for side, share in gpt_data.SHARES.items():
+        held = sum(len(docs[n]) for n in names[side])
+        assert share - 0.03 <= held / total <= share, side
+    # each split's text is its documents whole, in name order
+    for side in gpt_data.SPLITS:
+        assert gpt_data.text(side) == gpt_data.SEPARATOR.join(docs[n] for n in sorted(names[side]))
+    # the side depends on the names and texts alone, not on the order the package lists them in
+    gpt_data.assignment.cache_clear()
+    assert gpt_data.assignment() == sides
+    assert len(gpt_data.data_hash()) == 16
+
+
+def test_sections_of_longer_documents_are_dropped_and_nothing_held_out_was_read_in_training():
+    sections = gpt_data.sections()
+    assert sections["for"] == "compound" and sections["numeric-types"] == "specialnames"
+    train_lines = gpt_data.long_lines(gpt_data.text("train"))
+    for side in ("valid", "test"):
+        for name in gpt_data.split_names(side):
+            lines = gpt_data.long_lines(gpt_data.documents()[name])
+            assert len(lines & train_lines) <= max(2, len(lines) // 10), name
+
+
+def test_compressor_figures_are_conditional_and_positive():
+    train, test = gpt_data.text("train")[:60000], gpt_data.text("test")[:20000]
+    figures = gpt_data.compressor_bits_per_byte(train, test)
+    assert list(figures) == ["gzip -9", "bzip2 -9", "xz -9e"]
+    for name, bpb in figures.items():
+        compress = gpt_data.COMPRESSORS[name]
+        assert bpb == 8 * (len(compress(train + test)) - len(compress(train))) / len(test)
+        assert 0.5 < bpb < 8, name
+    # seeing a text first makes it nearly free: the figure is conditional, not the test alone
+    repeat = gpt_data.compressor_bits_per_byte(test, test)
+    assert all(repeat[n] < 0.5 * figures[n] for n in figures)
+    with pytest.raises(ValueError):
+        gpt_data.compressor_bits_per_byte(train, b"")
+
+
+def test_held_out_scoring_counts_every_token_once_with_its_context():
+    """With a window as long as the whole stream, the windowed total equals scoring each token from
+    everything before it; with a short window, each token is still scored exactly once."""
+    torch.manual_seed(0)
+    model = gpt_experiment.GPT(50, 64, 16, 1, 2).eval()
+    context, ids = torch.randint(0, 50, (40,)), torch.randint(0, 50, (30,))
+    full = torch.cat([context[-32:], ids])
+    with torch.no_grad():
+        logp = torch.log_softmax(model(full[None, :-1])[0][0], dim=-1)
+    want = -sum(logp[i - 1, full[i]].item() for i in range(32, len(full))) / math.log(2)
+    assert gpt_experiment.stream_bits(model, context, ids, batch_size=2) == pytest.approx(want, rel=1e-5)
+    short = gpt_experiment.GPT(50, 8, 16, 1, 2).eval()
+    with torch.no_grad():
+        for p in short.parameters():
+            p.zero_()  # every prediction uniform: each scored token costs log2(50) bits
+    assert gpt_experiment.stream_bits(short, context, ids, batch_size=3) == pytest.approx(30 * math.log2(50))
+
+
+def test_kept_weights_match_the_code_that_trained_them():
+    """The book loads the kept weights only while their manifest matches the current code, data and
+    settings; an edit to the training code must come with `make train`."""
+    assert gpt_experiment.load(gpt_experiment.BUDGETS["full"]) is not None, (
+        "solutions/gpt_weights/gpt.pt is stale or missing: run make train")
+
+
+def test_stale_weights_are_not_loaded(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpt_experiment, "WEIGHTS_DIR", tmp_path)
+    monkeypatch.setattr(gpt_experiment, "MANIFEST", tmp_path / "manifest.json")
+    config = dataclasses.replace(gpt_experiment.BUDGETS["small"], steps=1, eval_every=0)
+    torch.manual_seed(0)
+    model = gpt_experiment.build(config)
+    gpt_experiment.save(config, model, {"steps": 1}, {})
+    loaded = gpt_experiment.load(config)
+    assert loaded is not None
+    assert torch.equal(loaded.head.weight, loaded.tok.weight)  # still tied after loading
+    assert gpt_experiment.load(dataclasses.replace(config, seed=1)) is None  # other settings
+    manifest = gpt_experiment.read_manifest()
+    (tmp_path / "manifest.json").write_text(
+        (tmp_path / "manifest.json").read_text().replace(manifest["code"], "0" * 16))
+    assert gpt_experiment.load(config) is None  # other code
+    monkeypatch.setattr(gpt_experiment, "code_hash", lambda: "0" * 16)
+    assert gpt_experiment.load(config) is not None
+    (tmp_path / gpt_experiment.WEIGHTS).write_bytes(b"not the weights")
+    assert gpt_experiment.load(config) is None  # other bytes
+
+
+@pytest.mark.slow
+def test_small_budget_pipeline_end_to_end(tmp_path, monkeypatch):
+    """Tokenizer, batches, training, held-out scoring, keeping and loading, in a minute: the
+    pipeline that `make train` runs at full budget cannot rot unnoticed."""
+    monkeypatch.setattr(gpt_experiment, "WEIGHTS_DIR", tmp_path)
+    monkeypatch.setattr(gpt_experiment, "MANIFEST", tmp_path / "manifest.json")
+    config = gpt_experiment.BUDGETS["small"]
+    model, record = gpt_experiment.train(config)
+    assert record["losses"][-1][1] < record["losses"][0][1]
+    gpt_experiment.round_to_half(model)
+    metrics = gpt_experiment.held_out_metrics(model, config)
+    assert 0 < metrics["test_bits_per_byte"] < 8 and metrics["test_bytes_per_token"] > 1
+    gpt_experiment.save(config, model, record, metrics)
+    loaded = gpt_experiment.load(config)
+    assert loaded is not None
+    assert gpt_experiment.bits_per_byte(loaded, config.vocab_size) == pytest.approx(metrics["test_bits_per_byte"],
+                                                                                   abs=1e-4)
+    assert gpt_experiment.main(["check", "--budget", "small"]) == 0
