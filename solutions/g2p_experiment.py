@@ -28,7 +28,6 @@ import argparse
 import dataclasses
 import fcntl
 import hashlib
-import inspect
 import json
 import math
 import os
@@ -42,7 +41,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from solutions import ch01_seq2seq, ch02_attention, ch06_transformer, ch08_pronunciation, g2p_data
+from solutions import ch01_seq2seq, ch02_attention, ch06_transformer, ch08_pronunciation, g2p_data, kept_weights
 from solutions.ch08_pronunciation import EOS, PAD, SOS, bucket_batches, error_rates, pad_batch, train_step
 
 KINDS = ("gru", "attention", "transformer")
@@ -351,10 +350,7 @@ def trained_code():
 def code_hash() -> str:
     """A hash of `trained_code()`'s source: an edit to any of it makes the kept weights stale,
     an edit elsewhere (a docstring of the module, the decoding, the book) does not."""
-    h = hashlib.sha256()
-    for obj in trained_code():
-        h.update((obj if isinstance(obj, str) else inspect.getsource(obj)).encode())
-    return h.hexdigest()[:16]
+    return kept_weights.source_hash(trained_code())
 
 
 def fingerprint(kind: str, config: Config) -> dict:

@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
-import inspect
 import json
 import math
 import os
@@ -46,7 +45,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from solutions import ch09_gpt, gpt_data
+from solutions import ch09_gpt, gpt_data, kept_weights
 from solutions.ch09_gpt import GPT, encode, train_bpe
 
 # COURSE_GPT_WEIGHTS keeps weights elsewhere (e.g. small-budget ones while writing the page).
@@ -236,10 +235,7 @@ def trained_code():
 def code_hash() -> str:
     """A hash of `trained_code()`'s source: an edit to any of it makes the kept weights stale,
     an edit elsewhere (a docstring of the module, the evaluation, the book) does not."""
-    h = hashlib.sha256()
-    for obj in trained_code():
-        h.update((obj if isinstance(obj, str) else inspect.getsource(obj)).encode())
-    return h.hexdigest()[:16]
+    return kept_weights.source_hash(trained_code())
 
 
 def fingerprint(config: Config) -> dict:
