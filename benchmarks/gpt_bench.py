@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from solutions import gpt_analysis as analysis  # noqa: E402
 from solutions import gpt_data, gpt_experiment  # noqa: E402
 from solutions.ch09_gpt import GPT, encode, generate, train_bpe  # noqa: E402
 
@@ -63,27 +64,17 @@ def bench_model(config, retrain: bool) -> int:
     return 0
 
 
-@torch.no_grad()
-def recompute(model, ids, max_new_tokens):
-    """Greedy generation without the cache: the whole sequence through the model at every step."""
-    for _ in range(max_new_tokens):
-        logits, _ = model(ids)
-        ids = torch.cat([ids, logits[:, -1].argmax(dim=-1, keepdim=True)], dim=1)
-    return ids
-
-
 def bench_cache(config, new_tokens: int, repeat: int = 3) -> None:
     torch.manual_seed(0)
     model = GPT(config.vocab_size, 1 + new_tokens, config.d_model, config.n_layers, config.n_heads).eval()
     prompt = torch.tensor([[0]])
-    t_cache = t_plain = float("inf")
-    for _ in range(repeat):  # alternated, the best of each: the least disturbed by other processes
-        start = time.perf_counter()
-        cached = generate(model, prompt, new_tokens, temperature=0)
-        t_cache = min(t_cache, time.perf_counter() - start)
-        start = time.perf_counter()
-        plain = recompute(model, prompt, new_tokens)
-        t_plain = min(t_plain, time.perf_counter() - start)
+    cached = generate(model, prompt, new_tokens, temperature=0)
+    plain = analysis.greedy_recompute(model, prompt, new_tokens)
+    # alternated, the best of each: the least disturbed by other processes
+    t_cache, t_plain = analysis.best_times({
+        "cache": lambda: generate(model, prompt, new_tokens, temperature=0),
+        "recompute": lambda: analysis.greedy_recompute(model, prompt, new_tokens),
+    }, repeat=repeat).values()
     same = torch.equal(cached, plain)
     ratio = t_plain / t_cache
     print(f"(b) {new_tokens} new tokens, greedy, 1 thread, best of {repeat}, a GPT of d_model {config.d_model}, "
@@ -92,39 +83,18 @@ def bench_cache(config, new_tokens: int, repeat: int = 3) -> None:
     print(f"    target (>= {TARGETS['speedup']:.0f}x): {'met' if ratio >= TARGETS['speedup'] and same else 'NOT met'}")
 
 
-def best_time(fn, repeat=5):
-    best = float("inf")
-    for _ in range(repeat):
-        start = time.perf_counter()
-        out = fn()
-        best = min(best, time.perf_counter() - start)
-    return out, best
-
-
-def library_bpe(train_text: str, vocab_size: int):
-    """`tokenizers`' byte-level BPE, set up to be comparable with ours (see the report)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=0, special_tokens=[],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator([train_text], trainer=trainer)
-    return tok
-
-
 def bench_bpe(vocab_size: int) -> None:
-    train_text = gpt_data.text("train").decode("utf-8")
     test_text = gpt_data.text("test").decode("utf-8")
     n_bytes = len(test_text.encode("utf-8"))
     start = time.perf_counter()
     merges = train_bpe(gpt_data.text("train"), vocab_size)
     t_ours_train = time.perf_counter() - start
     start = time.perf_counter()
-    tok = library_bpe(train_text, vocab_size)
+    tok = analysis.library_bpe(gpt_data.text("train"), vocab_size)
     t_lib_train = time.perf_counter() - start
-    ours, t_ours = best_time(lambda: encode(test_text, merges))
-    theirs, t_lib = best_time(lambda: tok.encode(test_text).ids)
+    ours, theirs = encode(test_text, merges), tok.encode(test_text).ids
+    t_ours, t_lib = analysis.best_times({"ours": lambda: encode(test_text, merges),
+                                         "library": lambda: tok.encode(test_text).ids}, repeat=5).values()
     assert tok.decode(theirs) == test_text
     ours_bpt, lib_bpt = n_bytes / len(ours), n_bytes / len(theirs)
     gap = lib_bpt / ours_bpt - 1
