@@ -32,23 +32,23 @@ class DecoderBase(nn.Module):
 
 class Encoder(EncoderBase):
     def forward(self, src):
-        """(B, T) token ids -> (outputs (B, T, H), final (B, H))."""
-        outputs, h_n = self.rnn(self.embedding(src))  # (B, T, H), (1, B, H)
-        return outputs, h_n[-1]  # (B, T, H), (B, H)
+        """(B, S) token ids -> (outputs (B, S, D), final (B, D))."""
+        outputs, h_n = self.rnn(self.embedding(src))  # (B, S, D), (1, B, D)
+        return outputs, h_n[-1]  # (B, S, D), (B, D)
 
 
 class Decoder(DecoderBase):
     def forward(self, y_prev, hidden, context):
-        """One step: (B,), (B, H), (B, H) -> (logits (B, V), hidden (B, H))."""
-        x = torch.cat([self.embedding(y_prev), context], dim=-1)  # (B, E + H)
-        hidden = self.rnn(x, hidden)  # (B, H)
+        """One step: (B,), (B, D), (B, D) -> (logits (B, V), hidden (B, D))."""
+        x = torch.cat([self.embedding(y_prev), context], dim=-1)  # (B, E + D)
+        hidden = self.rnn(x, hidden)  # (B, D)
         logits = self.out(torch.cat([hidden, context], dim=-1))  # (B, V)
         return logits, hidden
 
 
 def seq2seq_forward(encoder, decoder, src, tgt, teacher_forcing_ratio=1.0, sos=SOS):
-    """Logits (B, T_out, V) for every target position of a batch."""
-    _, context = encoder(src)  # (B, H)
+    """Logits (B, T, V) for every target position of a batch."""
+    _, context = encoder(src)  # (B, D)
     hidden = context
     y_prev = torch.full_like(tgt[:, 0], sos)  # (B,)
     steps = []
@@ -56,39 +56,39 @@ def seq2seq_forward(encoder, decoder, src, tgt, teacher_forcing_ratio=1.0, sos=S
         if t > 0:
             teacher = random.random() < teacher_forcing_ratio
             y_prev = tgt[:, t - 1] if teacher else steps[-1].argmax(dim=-1)
-        logits, hidden = decoder(y_prev, hidden, context)  # (B, V), (B, H)
+        logits, hidden = decoder(y_prev, hidden, context)  # (B, V), (B, D)
         steps.append(logits)
-    return torch.stack(steps, dim=1)  # (B, T_out, V)
+    return torch.stack(steps, dim=1)  # (B, T, V)
 
 
 def greedy_decode(encoder, decoder, src, max_len, sos=SOS, eos=EOS, pad=PAD):
-    """Greedy outputs (B, L) for a batch of sources (B, T); L <= max_len."""
-    _, context = encoder(src)  # (B, H)
+    """Greedy outputs (B, T) for a batch of sources (B, S); T <= max_len."""
+    _, context = encoder(src)  # (B, D)
     hidden = context
     y = torch.full((src.size(0),), sos, dtype=torch.long, device=src.device)  # (B,)
     finished = torch.zeros_like(y, dtype=torch.bool)  # (B,)
     tokens = []
     for _ in range(max_len):
-        logits, hidden = decoder(y, hidden, context)  # (B, V), (B, H)
+        logits, hidden = decoder(y, hidden, context)  # (B, V), (B, D)
         y = logits.argmax(dim=-1).masked_fill(finished, pad)  # (B,)
         tokens.append(y)
         finished = finished | (y == eos)
         if bool(finished.all()):
             break
-    return torch.stack(tokens, dim=1)  # (B, L)
+    return torch.stack(tokens, dim=1)  # (B, T)
 
 
 def beam_search(encoder, decoder, src, beam_size, max_len, sos=SOS, eos=EOS):
-    """The best finished outputs for one source (T,): [(tokens, log_prob), ...], best first."""
-    _, context = encoder(src.unsqueeze(0))  # (1, H)
-    hidden = context  # (n, H): one row per unfinished hypothesis
+    """The best finished outputs for one source (S,): [(tokens, log_prob), ...], best first."""
+    _, context = encoder(src.unsqueeze(0))  # (1, D)
+    hidden = context  # (n, D): one row per unfinished hypothesis
     seqs = [[]]
     scores = context.new_zeros(1)  # (n,)
     y = torch.full((1,), sos, dtype=torch.long, device=src.device)  # (n,)
     finished = []
     for step in range(max_len):
         n = len(seqs)
-        logits, hidden = decoder(y, hidden, context.expand(n, -1))  # (n, V), (n, H)
+        logits, hidden = decoder(y, hidden, context.expand(n, -1))  # (n, V), (n, D)
         vocab = logits.size(-1)
         total = scores.unsqueeze(1) + F.log_softmax(logits, dim=-1)  # (n, V)
         top, idx = total.flatten().topk(min(beam_size, total.numel()))

@@ -11,33 +11,33 @@ PAD, SOS, EOS = 0, 1, 2
 
 
 def dot_score(query, keys):
-    """Dot-product scores: (B, d), (B, T, d) -> (B, T)."""
-    return (keys * query.unsqueeze(-2)).sum(dim=-1)  # (B, T)
+    """Dot-product scores: (B, d), (B, S, d) -> (B, S)."""
+    return (keys * query.unsqueeze(-2)).sum(dim=-1)  # (B, S)
 
 
 def scaled_dot_score(query, keys):
-    """Dot-product scores divided by sqrt(d): (B, d), (B, T, d) -> (B, T)."""
-    return dot_score(query, keys) / math.sqrt(query.size(-1))  # (B, T)
+    """Dot-product scores divided by sqrt(d): (B, d), (B, S, d) -> (B, S)."""
+    return dot_score(query, keys) / math.sqrt(query.size(-1))  # (B, S)
 
 
 def general_score(query, keys, W):
-    """Bilinear scores s^T W h_j: (B, d_q), (B, T, d_k), (d_q, d_k) -> (B, T)."""
+    """Bilinear scores s^T W h_j: (B, d_q), (B, S, d_k), (d_q, d_k) -> (B, S)."""
     projected = query @ W  # (B, d_k)
-    return (keys * projected.unsqueeze(-2)).sum(dim=-1)  # (B, T)
+    return (keys * projected.unsqueeze(-2)).sum(dim=-1)  # (B, S)
 
 
 def additive_score(query, keys, W1, W2, v):
-    """Additive scores v^T tanh(W1 s + W2 h_j): -> (B, T)."""
+    """Additive scores v^T tanh(W1 s + W2 h_j): -> (B, S)."""
     q = query @ W1.T  # (B, d_a)
-    k = keys @ W2.T  # (B, T, d_a)
-    return torch.tanh(q.unsqueeze(-2) + k) @ v  # (B, T)
+    k = keys @ W2.T  # (B, S, d_a)
+    return torch.tanh(q.unsqueeze(-2) + k) @ v  # (B, S)
 
 
 def attention_context(scores, values, mask=None):
-    """Softmax over source positions, then the weighted sum: -> ((B, d_v), (B, T))."""
+    """Softmax over source positions, then the weighted sum: -> ((B, d_v), (B, S))."""
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))  # exp(-inf) is exactly 0
-    weights = torch.softmax(scores, dim=-1)  # (B, T)
+    weights = torch.softmax(scores, dim=-1)  # (B, S)
     context = (weights.unsqueeze(-1) * values).sum(dim=-2)  # (B, d_v)
     return context, weights
 
@@ -48,18 +48,18 @@ class AttnDecoderBase(nn.Module):
     def __init__(self, vocab_size, emb_size, hidden_size):
         super().__init__()
         self.embedding = nn.Embedding(vocab_size, emb_size)
-        self.W_a = nn.Linear(hidden_size, hidden_size, bias=False)  # the score's W: (H, H)
+        self.W_a = nn.Linear(hidden_size, hidden_size, bias=False)  # the score's W: (D, D)
         self.rnn = nn.GRUCell(emb_size + hidden_size, hidden_size)
         self.out = nn.Linear(2 * hidden_size, vocab_size)
 
 
 class AttnDecoder(AttnDecoderBase):
     def forward(self, y_prev, hidden, enc_outputs, src_mask=None):
-        """One step: -> (logits (B, V), hidden (B, H), weights (B, T))."""
-        scores = general_score(hidden, enc_outputs, self.W_a.weight)  # (B, T)
-        context, weights = attention_context(scores, enc_outputs, src_mask)  # (B, H), (B, T)
-        x = torch.cat([self.embedding(y_prev), context], dim=-1)  # (B, E + H)
-        hidden = self.rnn(x, hidden)  # (B, H)
+        """One step: -> (logits (B, V), hidden (B, D), weights (B, S))."""
+        scores = general_score(hidden, enc_outputs, self.W_a.weight)  # (B, S)
+        context, weights = attention_context(scores, enc_outputs, src_mask)  # (B, D), (B, S)
+        x = torch.cat([self.embedding(y_prev), context], dim=-1)  # (B, E + D)
+        hidden = self.rnn(x, hidden)  # (B, D)
         logits = self.out(torch.cat([hidden, context], dim=-1))  # (B, V)
         return logits, hidden, weights
 
@@ -73,15 +73,15 @@ def predict_position(hidden, W_p, v_p, src_len):
 
 
 def local_attention_weights(scores, p, D, mask=None):
-    """Luong's local-p weights: windowed softmax times a Gaussian around p -> (B, T)."""
-    positions = torch.arange(scores.size(-1), device=scores.device, dtype=scores.dtype)  # (T,)
-    offset = positions - p.unsqueeze(-1)  # (B, T)
-    window = (positions - torch.round(p).unsqueeze(-1)).abs() <= D  # (B, T)
+    """Luong's local-p weights: windowed softmax (half-width D) times a Gaussian around p -> (B, S)."""
+    positions = torch.arange(scores.size(-1), device=scores.device, dtype=scores.dtype)  # (S,)
+    offset = positions - p.unsqueeze(-1)  # (B, S)
+    window = (positions - torch.round(p).unsqueeze(-1)).abs() <= D  # (B, S)
     if mask is not None:
         window = window & mask
-    align = torch.softmax(scores.masked_fill(~window, float("-inf")), dim=-1)  # (B, T)
+    align = torch.softmax(scores.masked_fill(~window, float("-inf")), dim=-1)  # (B, S)
     sigma = D / 2
-    return align * torch.exp(-offset ** 2 / (2 * sigma ** 2))  # (B, T)
+    return align * torch.exp(-offset ** 2 / (2 * sigma ** 2))  # (B, S)
 
 
 __all__ = ['dot_score', 'scaled_dot_score', 'general_score', 'additive_score', 'attention_context', 'AttnDecoderBase', 'AttnDecoder', 'predict_position', 'local_attention_weights']

@@ -1,7 +1,8 @@
 """Diagrams for chapters 01 and 02, drawn with matplotlib when the book builds.
 
 Hand-written, not generated. Each function returns a matplotlib figure; the pages call
-them and show the result, so the book keeps no image files.
+them and show the result, so the book keeps no image files. ``canvas``, ``box`` and
+``arrow`` are the drawing primitives, shared with ``figures_attention``.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 ENC, DEC, CTX, TOK, ATT = "#cfe2f3", "#fce5cd", "#d9ead3", "#ffffff", "#ead1dc"
 
 
-def _canvas(width, height, x_range, y_range):
+def canvas(width, height, x_range, y_range):
+    """An empty figure with equal axes and no frame, for a diagram; returns (fig, ax)."""
     fig, ax = plt.subplots(figsize=(width, height))
     ax.set_xlim(*x_range)
     ax.set_ylim(*y_range)
@@ -21,7 +23,7 @@ def _canvas(width, height, x_range, y_range):
     return fig, ax
 
 
-def _box(ax, x, y, text, color, w=1.0, h=0.6, fontsize=10, edge="black", lw=1.0):
+def box(ax, x, y, text, color, w=1.0, h=0.6, fontsize=10, edge="black", lw=1.0):
     """A rounded box centred on (x, y); returns the centre for arrows."""
     ax.add_patch(FancyBboxPatch((x - w / 2, y - h / 2), w, h, boxstyle="round,pad=0.02,rounding_size=0.08",
                                 facecolor=color, edgecolor=edge, lw=lw))
@@ -29,7 +31,8 @@ def _box(ax, x, y, text, color, w=1.0, h=0.6, fontsize=10, edge="black", lw=1.0)
     return x, y
 
 
-def _arrow(ax, start, end, color="black", ls="-", lw=1.2, rad=0.0, shrink=14):
+def arrow(ax, start, end, color="black", ls="-", lw=1.2, rad=0.0, shrink=14):
+    """An arrow from start to end, stopping ``shrink`` points short of each."""
     ax.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=10, color=color, ls=ls,
                                  lw=lw, shrinkA=shrink, shrinkB=shrink, connectionstyle=f"arc3,rad={rad}"))
 
@@ -37,30 +40,30 @@ def _arrow(ax, start, end, color="black", ls="-", lw=1.2, rad=0.0, shrink=14):
 def unrolled_encoder_decoder(source=("3", "8", "5", "4"), target=("4", "5", "8", "3")):
     """The plain encoder-decoder unrolled in time: one context vector between the two."""
     n_src, n_tgt = len(source), len(target)
-    fig, ax = _canvas(9.5, 3.4, (-0.8, n_src * 1.5 + n_tgt * 1.5 + 1.2), (-1.4, 2.6))
-    enc = [_box(ax, 1.5 * j, 0.6, f"GRU\n$h_{j + 1}$", ENC, h=0.8) for j in range(n_src)]
+    fig, ax = canvas(9.5, 3.4, (-0.8, n_src * 1.5 + n_tgt * 1.5 + 1.2), (-1.4, 2.6))
+    enc = [box(ax, 1.5 * j, 0.6, f"GRU\n$h_{j + 1}$", ENC, h=0.8) for j in range(n_src)]
     for j, tok in enumerate(source):
-        _box(ax, 1.5 * j, -0.8, f"$x_{j + 1}$ = {tok}", TOK, w=1.1, h=0.45, fontsize=9)
-        _arrow(ax, (1.5 * j, -0.55), (1.5 * j, 0.2), shrink=1)
+        box(ax, 1.5 * j, -0.8, f"$x_{j + 1}$ = {tok}", TOK, w=1.1, h=0.45, fontsize=9)
+        arrow(ax, (1.5 * j, -0.55), (1.5 * j, 0.2), shrink=1)
     for a, b in zip(enc, enc[1:]):
-        _arrow(ax, a, b)
+        arrow(ax, a, b)
     cx = 1.5 * n_src
-    _box(ax, cx, 0.6, "$c = h_S$", CTX, w=1.0, h=0.6)
-    _arrow(ax, enc[-1], (cx, 0.6))
+    box(ax, cx, 0.6, "$c = h_S$", CTX, w=1.0, h=0.6)
+    arrow(ax, enc[-1], (cx, 0.6))
     x0 = cx + 1.5
-    dec = [_box(ax, x0 + 1.5 * t, 0.6, f"GRU\n$s_{t + 1}$", DEC, h=0.8) for t in range(n_tgt)]
-    _arrow(ax, (cx, 0.6), dec[0])
+    dec = [box(ax, x0 + 1.5 * t, 0.6, f"GRU\n$s_{t + 1}$", DEC, h=0.8) for t in range(n_tgt)]
+    arrow(ax, (cx, 0.6), dec[0])
     for a, b in zip(dec, dec[1:]):
-        _arrow(ax, a, b)
+        arrow(ax, a, b)
     inputs = ["SOS", *target[:-1]]
     for t in range(n_tgt):
         x = x0 + 1.5 * t
-        _box(ax, x, -0.8, f"{inputs[t]}", TOK, w=0.9, h=0.45, fontsize=9)
-        _arrow(ax, (x, -0.55), (x, 0.2), shrink=1)
-        _box(ax, x, 2.1, f"$y_{t + 1}$ = {target[t]}", TOK, w=1.1, h=0.45, fontsize=9)
-        _arrow(ax, (x, 1.0), (x, 1.85), shrink=1)
+        box(ax, x, -0.8, f"{inputs[t]}", TOK, w=0.9, h=0.45, fontsize=9)
+        arrow(ax, (x, -0.55), (x, 0.2), shrink=1)
+        box(ax, x, 2.1, f"$y_{t + 1}$ = {target[t]}", TOK, w=1.1, h=0.45, fontsize=9)
+        arrow(ax, (x, 1.0), (x, 1.85), shrink=1)
         # The same context enters every decoder step.
-        _arrow(ax, (cx, 0.9), (x - 0.35, 1.0), color="tab:green", ls="--", lw=0.9, rad=-0.25, shrink=2)
+        arrow(ax, (cx, 0.9), (x - 0.35, 1.0), color="tab:green", ls="--", lw=0.9, rad=-0.25, shrink=2)
     ax.text(1.5 * (n_src - 1) / 2, -1.35, "encoder: reads the source", ha="center", fontsize=9)
     ax.text(x0 + 1.5 * (n_tgt - 1) / 2, -1.35, "decoder: writes the target, one token per step",
             ha="center", fontsize=9)
@@ -86,24 +89,24 @@ def teacher_forcing_vs_free_running(target=("4", "5", "8", "3"), forced=("4", "6
         ax.set_title(title, fontsize=11)
         for t in range(n):
             x = 1.5 * t
-            _box(ax, x, 0.5, f"$s_{t + 1}$", DEC, w=0.9, h=0.6)
+            box(ax, x, 0.5, f"$s_{t + 1}$", DEC, w=0.9, h=0.6)
             if t:
-                _arrow(ax, (x - 1.5, 0.5), (x, 0.5))
+                arrow(ax, (x - 1.5, 0.5), (x, 0.5))
             out = outputs[t]
             wrong = out != target[t]
-            _box(ax, x, 1.9, f"{out}", TOK, w=0.7, h=0.45, edge="tab:red" if wrong else "black",
+            box(ax, x, 1.9, f"{out}", TOK, w=0.7, h=0.45, edge="tab:red" if wrong else "black",
                  lw=2.0 if wrong else 1.0)
-            _arrow(ax, (x, 0.8), (x, 1.65), shrink=1)
+            arrow(ax, (x, 0.8), (x, 1.65), shrink=1)
             if t == 0:
                 feed, color = "SOS", "black"
             elif is_free:
                 feed, color = outputs[t - 1], "tab:red" if outputs[t - 1] != target[t - 1] else "black"
             else:
                 feed, color = target[t - 1], "tab:blue"
-            _box(ax, x, -0.9, feed, TOK, w=0.7, h=0.45, edge=color)
-            _arrow(ax, (x, -0.65), (x, 0.2), shrink=1)
+            box(ax, x, -0.9, feed, TOK, w=0.7, h=0.45, edge=color)
+            arrow(ax, (x, -0.65), (x, 0.2), shrink=1)
             if t and is_free:
-                _arrow(ax, (x - 1.5 + 0.35, 1.9), (x - 0.3, -0.8), color="tab:red", ls=":", lw=0.9, shrink=3)
+                arrow(ax, (x - 1.5 + 0.35, 1.9), (x - 0.3, -0.8), color="tab:red", ls=":", lw=0.9, shrink=3)
         if not is_free:
             ax.text(1.5 * (n - 1) / 2, 2.4, f"inputs: SOS + the true target {' '.join(target[:-1])}",
                     ha="center", fontsize=8, color="tab:blue")
@@ -125,9 +128,9 @@ def beam_tree(levels, beam_size, greedy_path=(), n_show=4, token_names=None):
     """
     name = (lambda tok: token_names.get(tok, str(tok))) if token_names else str
     n_steps = len(levels)
-    fig, ax = _canvas(10, 0.95 * n_show + 1.3, (-1.9, 2.6 * n_steps + 0.2), (-n_show - 0.2, 1.1))
+    fig, ax = canvas(10, 0.95 * n_show + 1.3, (-1.9, 2.6 * n_steps + 0.2), (-n_show - 0.2, 1.1))
     pos = {(): (-1.2, -(n_show - 1) / 2)}
-    _box(ax, *pos[()], "SOS", TOK, w=0.8, h=0.45, fontsize=9)
+    box(ax, *pos[()], "SOS", TOK, w=0.8, h=0.45, fontsize=9)
     colors = {"kept": "#9fc5e8", "finished": "#b6d7a8", "dropped": "#eeeeee"}
     for step, cands in enumerate(levels):
         x = 2.6 * step + 0.9
@@ -136,11 +139,11 @@ def beam_tree(levels, beam_size, greedy_path=(), n_show=4, token_names=None):
             y = -rank
             pos[prefix] = (x, y)
             on_greedy = tuple(greedy_path[:len(prefix)]) == prefix
-            _box(ax, x, y, f"{' '.join(name(t) for t in prefix)}\n{score:.2f}", colors[status], w=1.7, h=0.7,
+            box(ax, x, y, f"{' '.join(name(t) for t in prefix)}\n{score:.2f}", colors[status], w=1.7, h=0.7,
                  fontsize=8, edge="tab:orange" if on_greedy else "grey", lw=2.2 if on_greedy else 0.8)
             parent = pos.get(prefix[:-1])
             if parent is not None:
-                _arrow(ax, (parent[0] + 0.85 if prefix[:-1] else parent[0] + 0.4, parent[1]), (x - 0.85, y),
+                arrow(ax, (parent[0] + 0.85 if prefix[:-1] else parent[0] + 0.4, parent[1]), (x - 0.85, y),
                        color="grey" if status == "dropped" else "black", lw=0.8, shrink=1)
         if len(cands) > n_show:
             ax.text(x, -n_show + 0.35, f"+ {len(cands) - n_show} more, dropped", ha="center", fontsize=8,
@@ -158,13 +161,13 @@ def beam_tree(levels, beam_size, greedy_path=(), n_show=4, token_names=None):
 
 def attention_decoder_step(n_src=5):
     """One step of a decoder with attention (Bahdanau et al.): score, softmax, weighted sum, GRU."""
-    fig, ax = _canvas(9.5, 4.4, (-1.3, 11.2), (-1.4, 4.5))
+    fig, ax = canvas(9.5, 4.4, (-1.3, 11.2), (-1.4, 4.5))
     xs = [1.3 * j for j in range(n_src)]
     for j, x in enumerate(xs):
-        _box(ax, x, -0.2, f"$h_{j + 1}$", ENC, w=0.8, h=0.55)
+        box(ax, x, -0.2, f"$h_{j + 1}$", ENC, w=0.8, h=0.55)
     for a, b in zip(xs, xs[1:]):
-        _arrow(ax, (a + 0.4, -0.1), (b - 0.4, -0.1), lw=0.8, shrink=0)
-        _arrow(ax, (b - 0.4, -0.3), (a + 0.4, -0.3), lw=0.8, shrink=0)
+        arrow(ax, (a + 0.4, -0.1), (b - 0.4, -0.1), lw=0.8, shrink=0)
+        arrow(ax, (b - 0.4, -0.3), (a + 0.4, -0.3), lw=0.8, shrink=0)
     ax.text(xs[-1] / 2, -1.0, "encoder states $h_j$ (the keys and the values)", ha="center", fontsize=9)
     # Made-up weights for the picture; the line width of each link is its weight.
     weights = [0.05, 0.1, 0.6, 0.2, 0.05][:n_src]
@@ -174,20 +177,20 @@ def attention_decoder_step(n_src=5):
         lx, ly = x + 0.4 * (cx - x), 0.1 + 0.4 * (cy - 0.4)
         ax.text(lx + 0.25, ly, f"{w:.2f}", ha="center", va="center", fontsize=7, color="tab:purple")
     ax.text(xs[0] - 0.6, 1.2, r"$\alpha_{tj}$", fontsize=11, color="tab:purple", ha="center")
-    _box(ax, cx, cy, r"$C_t = \sum_j \alpha_{tj} h_j$", CTX, w=2.4, h=0.6, fontsize=9)
+    box(ax, cx, cy, r"$C_t = \sum_j \alpha_{tj} h_j$", CTX, w=2.4, h=0.6, fontsize=9)
     sx = 8.6
-    _box(ax, sx, -0.2, "$s_{t-1}$", DEC, w=0.9, h=0.55)
-    _arrow(ax, (sx - 0.45, -0.2), (xs[-1] + 0.4, -0.2), color="tab:purple", lw=1.4, shrink=0)
+    box(ax, sx, -0.2, "$s_{t-1}$", DEC, w=0.9, h=0.55)
+    arrow(ax, (sx - 0.45, -0.2), (xs[-1] + 0.4, -0.2), color="tab:purple", lw=1.4, shrink=0)
     ax.text((sx + xs[-1]) / 2, 0.35, "score every $h_j$:\n$e_{tj} = s_{t-1}^\\top W_a h_j$,\nsoftmax over $j$",
             ha="center", fontsize=8, color="tab:purple")
-    _box(ax, sx, cy, "GRU\n$s_t$", DEC, w=1.0, h=0.8)
-    _arrow(ax, (sx, 0.08), (sx, cy - 0.4), shrink=0)
-    _arrow(ax, (cx + 1.2, cy), (sx - 0.5, cy), shrink=0)
-    _box(ax, 10.4, 1.5, "$y_{t-1}$", TOK, w=0.8, h=0.45, fontsize=9)
-    _arrow(ax, (10.4, 1.73), (sx + 0.5, cy - 0.1), shrink=0)
-    _box(ax, sx, 4.0, r"softmax$(W_o[s_t; C_t]) \to y_t$", TOK, w=3.0, h=0.5, fontsize=9)
-    _arrow(ax, (sx, cy + 0.4), (sx, 3.75), shrink=0)
-    _arrow(ax, (cx, cy + 0.3), (sx - 1.5, 4.0), color="tab:green", ls="--", lw=0.9, rad=-0.2, shrink=0)
+    box(ax, sx, cy, "GRU\n$s_t$", DEC, w=1.0, h=0.8)
+    arrow(ax, (sx, 0.08), (sx, cy - 0.4), shrink=0)
+    arrow(ax, (cx + 1.2, cy), (sx - 0.5, cy), shrink=0)
+    box(ax, 10.4, 1.5, "$y_{t-1}$", TOK, w=0.8, h=0.45, fontsize=9)
+    arrow(ax, (10.4, 1.73), (sx + 0.5, cy - 0.1), shrink=0)
+    box(ax, sx, 4.0, r"softmax$(W_o[s_t; C_t]) \to y_t$", TOK, w=3.0, h=0.5, fontsize=9)
+    arrow(ax, (sx, cy + 0.4), (sx, 3.75), shrink=0)
+    arrow(ax, (cx, cy + 0.3), (sx - 1.5, 4.0), color="tab:green", ls="--", lw=0.9, rad=-0.2, shrink=0)
     fig.tight_layout()
     return fig
 

@@ -233,8 +233,9 @@ def trained_code():
 
 
 def code_hash() -> str:
-    """A hash of `trained_code()`'s source: an edit to any of it makes the kept weights stale,
-    an edit elsewhere (a docstring of the module, the evaluation, the book) does not."""
+    """A hash of `trained_code()`'s source without its comments and docstrings: an edit to the
+    code of any of it makes the kept weights stale; rewording a comment or a docstring, or an
+    edit elsewhere (the evaluation, the book), does not."""
     return kept_weights.source_hash(trained_code())
 
 

@@ -261,3 +261,151 @@ def test_chapter_links_its_exercise(pages, chapter):
         assert source and source[0].is_file(), f"{chapter}: no download of the page as {suffix}"
     colab = [a["href"] for a in links if a["href"].startswith("https://colab.research.google.com/github/")]
     assert any(h.endswith(f"/exercises/{key}.ipynb") for h in colab), f"{chapter}: no Colab link to its exercise"
+
+
+# The explorable attention maps (solutions/attention_explorer.py, static/attention-explorer.js).
+EXPLORER_CHAPTERS = ["book/04_self_attention", "book/05_multi_head", "book/06_transformer"]
+
+# What each explorer of the page embeds and shows: its data, its selects, its bars.
+READ_EXPLORERS = r"""
+() => [...document.querySelectorAll('div.attention-explorer')].map(root => {
+  const value = cls => { const s = root.querySelector('select.' + cls); return s ? Number(s.value) : null; };
+  return {
+    data: JSON.parse(root.querySelector('script.attention-explorer-data').textContent),
+    interactive: !!root.querySelector('.ae-widget'),
+    labelled: [...root.querySelectorAll('select')].every(s => s.labels.length === 1 && s.labels[0].textContent.trim()),
+    layer: value('ae-layer'), head: value('ae-head'), query: value('ae-query'),
+    bars: [...root.querySelectorAll('.ae-bar')].map(b => ({
+      key: Number(b.dataset.key), weight: Number(b.dataset.weight),
+      label: b.querySelector('.ae-key').textContent, shown: b.querySelector('.ae-value').textContent})),
+    cells: root.querySelectorAll('.ae-grid .ae-cell').length,
+  };
+})
+"""
+
+# Contrast (WCAG) of the explorer's text against what is behind it, in the page's theme.
+CONTRAST = r"""
+() => {
+  const rgb = c => (c.match(/[\d.]+/g) || []).map(Number);
+  const lum = c => { const v = rgb(c).slice(0, 3).map(x => { x /= 255; return x <= 0.03928 ? x / 12.92 : ((x + 0.055) / 1.055) ** 2.4; });
+                     return 0.2126 * v[0] + 0.7152 * v[1] + 0.0722 * v[2]; };
+  const behind = e => { for (; e; e = e.parentElement) { const c = getComputedStyle(e).backgroundColor, a = rgb(c);
+                        if (a.length === 3 || a[3] > 0.5) return c; } return 'rgb(255, 255, 255)'; };
+  const worst = {};
+  for (const sel of ['.ae-key', '.ae-value', '.ae-caption', '.ae-control label', '.ae-control select', '.ae-grid text']) {
+    for (const e of document.querySelectorAll(sel)) {
+      const fg = sel === '.ae-grid text' ? getComputedStyle(e).fill : getComputedStyle(e).color;
+      const [a, b] = [lum(fg), lum(behind(sel === '.ae-grid text' ? e.closest('svg') : e))];
+      const ratio = (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05);
+      worst[sel] = Math.min(worst[sel] ?? 99, ratio);
+    }
+  }
+  return worst;
+}
+"""
+
+
+def open_page(browser, path, viewport=DESKTOP, javascript=True):
+    """A page of the site, opened offline; returns (context, page, errors)."""
+    context = browser.new_context(viewport=viewport, java_script_enabled=javascript)
+    page = context.new_page()
+    errors = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.route("**/*", lambda r: r.continue_() if r.request.url.startswith(("file://", "data:")) else r.abort())
+    page.goto(path.as_uri(), wait_until="load")
+    return context, page, errors
+
+
+def check_bars(name, shown, layer, head, query):
+    """Do the bars show the embedded weights of (layer, head, query), labelled with the key tokens?"""
+    data = shown["data"]
+    expected = data["weights"][layer][head][query]
+    assert (shown["layer"], shown["head"], shown["query"]) == (layer, head, query), name
+    assert [b["key"] for b in shown["bars"]] == list(range(len(data["keys"]))), name
+    assert [b["label"] for b in shown["bars"]] == data["keys"], f"{name}: bar labels are not the key tokens"
+    for bar, weight in zip(shown["bars"], expected):
+        assert abs(bar["weight"] - weight) <= 1e-4, f"{name}: key {bar['key']} shows {bar['weight']}, not {weight}"
+        assert abs(float(bar["shown"]) - weight) <= 1e-4, f"{name}: key {bar['key']} reads {bar['shown']}, not {weight}"
+    return [b["weight"] for b in shown["bars"]]
+
+
+def test_chapters_have_attention_explorers(site):
+    """Do chapters 04, 05 and 06 each hold at least one explorable attention map?"""
+    counts = {c: (site / f"{c}.html").read_text(encoding="utf-8").count('<div class="attention-explorer">')
+              for c in EXPLORER_CHAPTERS}
+    assert all(counts.values()), counts
+
+
+@pytest.mark.parametrize("chapter", EXPLORER_CHAPTERS)
+def test_attention_explorer_shows_the_chosen_weights(site, browser, chapter):
+    """Choosing another layer, head and query (select, hover, click): do the bars change and equal the page's data?"""
+    context, page, errors = open_page(browser, site / f"{chapter}.html")
+    roots = page.locator("div.attention-explorer")
+    count = roots.count()
+    assert count, f"{chapter}: no attention explorer"
+    page.wait_for_function(f"document.querySelectorAll('div.attention-explorer .ae-widget').length === {count}",
+                           timeout=10_000)
+    for i in range(count):
+        name = f"{chapter} explorer {i}"
+        shown = page.evaluate(READ_EXPLORERS)[i]
+        data = shown["data"]
+        n_layers, n_heads, n_queries = len(data["layers"]), len(data["heads"]), len(data["queries"])
+        assert shown["interactive"] and shown["labelled"], name
+        assert shown["cells"] == n_queries * len(data["keys"]), f"{name}: the map is not drawn whole"
+        assert n_layers * n_heads * n_queries > 1, f"{name}: nothing to choose"
+        before = check_bars(name, shown, 0, 0, 0)
+        root = roots.nth(i)
+        layer, head, query = n_layers - 1, n_heads - 1, n_queries - 1
+        if n_layers > 1:
+            root.locator("select.ae-layer").select_option(str(layer))
+        if n_heads > 1:
+            root.locator("select.ae-head").select_option(str(head))
+        root.locator("select.ae-query").select_option(str(query))
+        after = check_bars(name, page.evaluate(READ_EXPLORERS)[i], layer, head, query)
+        if data["weights"][layer][head][query] != data["weights"][0][0][0]:
+            assert after != before, f"{name}: the bars did not change"
+        # Hovering a row of the map previews that query; clicking it chooses it.
+        target = 0 if n_queries > 1 else query
+        root.locator(f'.ae-row[data-query="{target}"] .ae-cell').first.hover()
+        hovered = page.evaluate(READ_EXPLORERS)[i]
+        for bar, weight in zip(hovered["bars"], data["weights"][layer][head][target]):
+            assert abs(bar["weight"] - weight) <= 1e-4, f"{name}: hovering query {target} shows other weights"
+        root.locator(f'.ae-row[data-query="{target}"] .ae-cell').first.click()
+        check_bars(name, page.evaluate(READ_EXPLORERS)[i], layer, head, target)
+    context.close()
+    assert not errors, f"{chapter}: {errors}"
+
+
+@pytest.mark.parametrize("chapter", EXPLORER_CHAPTERS)
+def test_attention_explorer_falls_back_to_its_image_without_javascript(site, browser, chapter):
+    """With JavaScript off, does every explorer show its static heat map, loaded, and no controls?"""
+    context, page, _ = open_page(browser, site / f"{chapter}.html", javascript=False)
+    images = page.locator("div.attention-explorer img.attention-explorer-image")
+    assert images.count() == page.locator("div.attention-explorer").count() > 0, chapter
+    for i in range(images.count()):
+        image = images.nth(i)
+        image.scroll_into_view_if_needed()
+        assert image.is_visible(), f"{chapter}: static image {i} is hidden"
+        size = image.evaluate("img => [img.complete, img.naturalWidth, img.naturalHeight]")
+        assert size[0] and size[1] > 0 and size[2] > 0, f"{chapter}: static image {i} did not load"
+    assert page.locator("div.attention-explorer select").count() == 0
+    context.close()
+
+
+@pytest.mark.parametrize("theme", ["light", "dark"])
+def test_attention_explorer_is_readable_in_both_themes_and_on_a_phone(site, browser, theme):
+    """In the light and the dark theme, at phone width, is the explorer's text readable (contrast >= 4.5) and no wider than the screen?"""
+    for chapter in EXPLORER_CHAPTERS:
+        context, page, errors = open_page(browser, site / f"{chapter}.html", viewport=PHONE)
+        if not page.locator("div.attention-explorer").count():
+            context.close()
+            continue
+        page.evaluate(f"() => {{ document.documentElement.dataset.theme = '{theme}'; }}")
+        page.wait_for_selector("div.attention-explorer .ae-widget", timeout=10_000)
+        worst = page.evaluate(CONTRAST)
+        overflow = page.evaluate("() => document.documentElement.scrollWidth - document.documentElement.clientWidth")
+        context.close()
+        assert worst and all(r >= 4.5 for r in worst.values()), f"{chapter} ({theme}): {worst}"
+        assert overflow <= 1, f"{chapter} ({theme}): {overflow} px sideways"
+        assert not errors, f"{chapter}: {errors}"

@@ -55,15 +55,15 @@ MODULES_STUB = _GRADED_WITH_YOURS + "`{}` is not implemented yet: finish parts 1
 MODULES_SQUEEZE = (_GRADED_WITH_YOURS + "for a batch of one your Encoder's final state loses its batch axis "
                    "(squeeze()?): fix part 1 first.")
 MODULES_RAISED = _GRADED_WITH_YOURS + "`{}` raised {}: {}. Finish parts 1 and 2 first."
-MODULES_BROKEN = (_GRADED_WITH_YOURS + "they do not yet return (outputs (B, T, H), final (B, H)) and "
-                  "(logits (B, V), hidden (B, H)) of the model's dtype and device: finish parts 1 and 2 first.")
+MODULES_BROKEN = (_GRADED_WITH_YOURS + "they do not yet return (outputs (B, S, D), final (B, D)) and "
+                  "(logits (B, V), hidden (B, D)) of the model's dtype and device: finish parts 1 and 2 first.")
 MODULES_DEVICE = (_GRADED_WITH_YOURS + "they would fail on a GPU (they mix their inputs with a tensor created on "
                   "the CPU): fix parts 1 and 2 first.")
 
 ENC = "Encoder.forward"
 ENC_SWAPPED = "`Encoder.forward` returns (final, outputs): return (outputs, final), in that order."
 ENC_NUM_LAYERS = ("`Encoder.forward`'s final state still has the num_layers axis: nn.GRU returns its last "
-                  "state as (1, B, H); return h_n[-1] (or h_n.squeeze(0)), shape (B, H).")
+                  "state as (1, B, D); return h_n[-1] (or h_n.squeeze(0)), shape (B, D).")
 ENC_SQUEEZE = ("With a batch of one, `Encoder.forward`'s final state loses its batch axis: squeeze() drops "
                "every axis of size 1; use h_n[-1] or h_n.squeeze(0).")
 ENC_OUTPUTS = ("`Encoder.forward`'s outputs differ from the GRU's hidden states: embed src with self.embedding, "
@@ -77,9 +77,9 @@ ENC_FINAL = ("`Encoder.forward`'s final state is not the GRU's last hidden state
 
 DEC = "Decoder.forward"
 DEC_SWAPPED = "`Decoder.forward` returns (hidden, logits): return (logits, hidden), in that order."
-DEC_GRU_INPUT = ("The GRU cell gets an input of the wrong size: it reads [embedding; context], E + H features; "
+DEC_GRU_INPUT = ("The GRU cell gets an input of the wrong size: it reads [embedding; context], E + D features; "
                  "is the context concatenated to the embedding (torch.cat along dim=-1)?")
-DEC_OUT_INPUT = ("The output layer gets an input of the wrong size: it reads [new hidden; context], 2H features; "
+DEC_OUT_INPUT = ("The output layer gets an input of the wrong size: it reads [new hidden; context], 2D features; "
                  "is the context concatenated to the new hidden state (torch.cat along dim=-1)?")
 DEC_EMB_CTX = ("The GRU cell's input is concatenated in the wrong order: it must be [embedding; context], "
                "torch.cat([self.embedding(y_prev), context], dim=-1), embedding first.")
@@ -96,8 +96,8 @@ DEC_LOG_SOFTMAX = "`Decoder.forward` returns log-probabilities: return the raw l
 DEC_GENERIC = ("`Decoder.forward` differs from s_t = GRUCell([e(y_prev); c], s_{t-1}), logits = out([s_t; c]): "
                "check what is concatenated, in which order, and which state each layer receives.")
 
-TF_SHAPE = "`seq2seq_forward` must return logits of shape (B, T_out, V), one row of scores per target position."
-TF_STACK = ("`seq2seq_forward` returns (T_out, B, V): stack the per-step logits along dim=1 so that "
+TF_SHAPE = "`seq2seq_forward` must return logits of shape (B, T, V), one row of scores per target position."
+TF_STACK = ("`seq2seq_forward` returns (T, B, V): stack the per-step logits along dim=1 so that "
             "logits[:, t] scores tgt[:, t].")
 TF_DTYPE = "`seq2seq_forward` changes the dtype: the logits must have the model's dtype."
 TF_CURRENT = ("Teacher forcing feeds the CURRENT target token tgt[:, t] at step t: feed the PREVIOUS one, "
@@ -135,9 +135,9 @@ MIX_PER_CALL = ("Teacher forcing is decided once per call: draw a new random.ran
 MIX_NEVER = ("With teacher_forcing_ratio=0.5, every step of every call made the same choice (all teacher forced, "
              "or none): before each step t >= 1, teacher-force when random.random() < teacher_forcing_ratio.")
 
-GR_TYPE = "`greedy_decode` must return a torch tensor of token ids of shape (B, L)."
+GR_TYPE = "`greedy_decode` must return a torch tensor of token ids of shape (B, T)."
 GR_DTYPE = "`greedy_decode` must return torch.long token ids (the argmax gives them; don't convert to float)."
-GR_SHAPE = "`greedy_decode` must return a tensor of shape (B, L), one row per source, with L <= max_len."
+GR_SHAPE = "`greedy_decode` must return a tensor of shape (B, T), one row per source, with T <= max_len."
 GR_DEVICE = "`greedy_decode` returns its tokens on another device than src: create new tensors on src.device."
 GR_NO_PAD = ("Rows keep producing tokens after their eos: once a row has produced eos, every later position "
              "of that row must hold `pad`.")

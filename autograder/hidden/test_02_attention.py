@@ -140,7 +140,7 @@ def _order(result, shapes, name, order):
            f"`{name}` returns its results in the wrong order: return {order}.")
 
 
-def _agree(got, expected, name, generic, mistakes=(), *, device="cpu", what="its scores (B, T)"):
+def _agree(got, expected, name, generic, mistakes=(), *, device="cpu", what="its scores (B, S)"):
     """Fail unless `got` is a tensor like `expected` (shape, dtype, device) and close to it; a
     wrong value is explained by the first typical mistake it matches."""
     _result(got, name, expected.shape, expected.dtype, device, what)
@@ -185,7 +185,7 @@ def _scaled_mistakes(q, k):
     return [
         ("The scores are not divided by sqrt(d): scaled_dot_score returns the plain dot score.", e),
         ("The scores are divided by d instead of sqrt(d).", e / d),
-        ("The scores are divided by the square root of the number of keys T, not of the vector size "
+        ("The scores are divided by the square root of the number of keys S, not of the vector size "
          "d: use query.size(-1).", e / math.sqrt(T)),
         ("The scores are multiplied by sqrt(d) instead of divided by it.", e * math.sqrt(d)),
     ]
@@ -383,7 +383,7 @@ def _context_result(result, values, dtype, device):
     got = pair(result, "attention_context", what="a pair (context, weights)")
     _order(got, [(B, dv), (B, T)], "attention_context", "(context, weights)")
     context, weights = got
-    _result(weights, "attention_context", (B, T), dtype, device, "its weights (B, T)")
+    _result(weights, "attention_context", (B, T), dtype, device, "its weights (B, S)")
     _result(context, "attention_context", (B, dv), dtype, device, "its context (B, d_v)")
     return context, weights
 
@@ -395,7 +395,7 @@ def _check_context(learner, reference, scores, values, mask, device="cpu"):
                                        scores.dtype, device)
     ref_c, ref_w = _reference(reference.attention_context, scores, values, **kwargs)
     _agree(weights, ref_w, "attention_context", _context_generic(mask), _context_mistakes(scores, values, mask),
-           device=device, what="its weights (B, T)")
+           device=device, what="its weights (B, S)")
     expect(close(context, ref_c, device), CONTEXT_SUM_HINT)
     return context, weights
 
@@ -474,7 +474,7 @@ DECODER_MISTAKES = (  # (hint, the mistake as keywords of _Case.step, the output
      "self.W_a.weight) or dot_score(hidden, self.W_a(enc_outputs)); self.W_a(hidden) computes W_a s, "
      "which gives h_j^T W_a s instead.", {"W": "WT"}, 2),
     ("The scores ignore W_a: use the general score s^T W_a h_j, with W = self.W_a.weight.", {"W": "I"}, 2),
-    ("The scores are scaled: the decoder uses the general score, without dividing by sqrt(H).",
+    ("The scores are scaled: the decoder uses the general score, without dividing by sqrt(D).",
      {"scale": True}, 2),
     ("The source mask is ignored: pass src_mask to attention_context.", {"use_mask": False}, 2),
     ("The GRU cell's input is [context; embedding]: concatenate the embedding of y_prev first, then "
@@ -615,7 +615,7 @@ class _Case:
         (V, _, H), (B, T) = self.dims, enc.shape[:2]
         shapes = [(B, V), (B, H), (B, T)]
         _order(got, shapes, DEC, "(logits, hidden, weights)")
-        for x, shape, what in zip(got, shapes, ("its logits (B, V)", "its new state (B, H)", "its weights (B, T)")):
+        for x, shape, what in zip(got, shapes, ("its logits (B, V)", "its new state (B, D)", "its weights (B, S)")):
             _result(x, DEC, shape, h.dtype, self.device, what)
         return got
 
@@ -804,7 +804,7 @@ def _position_mistakes(reference, hidden, W_p, v_p, src_len):
          lambda: (S - 1) * (torch.tanh(h @ Wp.T) @ vp)),
     ]
     if Wp.shape[0] == Wp.shape[1]:
-        out.append(("W_p is used transposed: W_p has shape (d_p, H), so W_p s_t is hidden @ W_p.T.",
+        out.append(("W_p is used transposed: W_p has shape (d_p, D), so W_p s_t is hidden @ W_p.T.",
                     lambda: reference.predict_position(h, Wp.T, vp, S)))
     if isinstance(src_len, torch.Tensor):
         out.append(("Every row uses the same length: with a (B,) tensor of lengths, row b uses its own length.",
@@ -864,7 +864,7 @@ def test_predict_position_range_and_gradients(learner, reference, rng):
 # --- Part 7: local attention weights (4 points) -------------------------------------------
 
 EDGE_HINT = ("Rows whose window reaches an end of the sequence are wrong: the window must be cut short at "
-             "positions 0 and T - 1 (a slice with a negative start wraps around).")
+             "positions 0 and S - 1 (a slice with a negative start wraps around).")
 LOCAL_GENERIC = ("The weights differ from softmax over the window of the scores, times exp(-(j - p)^2 / "
                  "(2 sigma^2)) with sigma = D / 2.")
 
@@ -963,7 +963,7 @@ def _check_local(learner, reference, scores, p, D, mask, device="cpu", problem=N
     kwargs = {} if mask is None else {"mask": mask}
     w = _call(learner.local_attention_weights, scores, p, D, **kwargs)
     expected = reference.local_attention_weights(scores, p, D, **kwargs)
-    _result(w, LOCAL, expected.shape, expected.dtype, device, "its weights (B, T)")
+    _result(w, LOCAL, expected.shape, expected.dtype, device, "its weights (B, S)")
     if not close(w, expected, device):
         hint = diagnose(w, _local_mistakes(scores, p, D, mask), None, same=_same(F64))
         edge = EDGE_HINT if _edge_only(w, expected, p, D, device) else None
@@ -1013,7 +1013,7 @@ def test_local_attention_window(learner, reference, rng):
     window = (torch.arange(T) - torch.round(p).unsqueeze(-1)).abs() <= D
     for m in (None, mask):
         w = _result(_call(learner.local_attention_weights, scores, p, D, **({} if m is None else {"mask": m})),
-                    LOCAL, (B, T), F32, "cpu", "its weights (B, T)")
+                    LOCAL, (B, T), F32, "cpu", "its weights (B, S)")
         problem = _window_problem(w, window, window if m is None else window & m, m)
         _check_local(learner, reference, scores, p, D, m, problem=problem)
         expect(problem is None, problem)

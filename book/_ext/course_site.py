@@ -9,6 +9,10 @@ markdown file, which Colab cannot open and which needs the whole course to run.
 Every address comes from `_config.yml`: `repository: url/branch` and
 `launch_buttons: colab_url/binderhub_url/jupyterhub_url`, so a fork changes one line.
 
+Explorable attention maps (solutions/attention_explorer.py writes them into the pages)
+come alive with static/attention-explorer.js and its stylesheet, both served from the
+site itself, so they work offline.
+
 Two fixes for the theme, found by tests/test_browser.py: long inline code may break on a
 phone (static/course.css), and a script that sphinx-thebe adds twice (a console error,
 "THEBE_JS_URL has already been declared") is written once.
@@ -127,6 +131,8 @@ def copy_notebooks(app, exc):
 def setup(app):
     app.connect("builder-inited", add_static)
     app.add_css_file("course.css")
+    app.add_css_file("attention-explorer.css")
+    app.add_js_file("attention-explorer.js", loading_method="defer")
     app.connect("html-page-context", drop_duplicate_scripts, priority=599)
     app.connect("doctree-resolved", add_exercise_box)
     # After sphinx-book-theme's own launch buttons (priority 501).

@@ -56,7 +56,7 @@ MISTAKES = {
     # Beam search starts from beam_size copies of the start hypothesis: duplicated outputs.
     "beam_copies": Mistake(
         15, BEAM_VALUES, {"test_beam_matches_reference": "ONE hypothesis"},
-        edits=(("hidden = context  # (n, H)", "hidden = context.expand(beam_size, -1)  # (n, H)"),
+        edits=(("hidden = context  # (n, D)", "hidden = context.expand(beam_size, -1)  # (n, D)"),
                ("seqs = [[]]", "seqs = [[] for _ in range(beam_size)]"),
                ("scores = context.new_zeros(1)", "scores = context.new_zeros(beam_size)"),
                (BEAM_BOS, BEAM_BOS.replace("(1,)", "(beam_size,)"))),
@@ -69,7 +69,7 @@ MISTAKES = {
     # learner's own modules, lose nothing for it.
     "enc_first": Mistake(
         17, ENCODER, {"test_encoder_matches_reference": "after the FIRST source token"},
-        edits=(("return outputs, h_n[-1]  # (B, T, H), (B, H)", "return outputs, outputs[:, 0]"),), one_hint=True),
+        edits=(("return outputs, h_n[-1]  # (B, S, D), (B, D)", "return outputs, outputs[:, 0]"),), one_hint=True),
     # The encoder's initial state is created on the CPU: its own device check fails, and the later
     # parts' device checks say to fix parts 1 and 2 first.
     "enc_device": Mistake(

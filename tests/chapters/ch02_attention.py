@@ -39,8 +39,8 @@ MISTAKES = {
         18, {"test_attention_context_matches_reference"} | CONTEXT_WITH_MASK,
         {"test_attention_context_weights_sum_to_one": "scaled before the softmax",
          "test_attention_context_padding_does_not_leak": "scaled before the softmax"},
-        edits=(("weights = torch.softmax(scores, dim=-1)  # (B, T)",
-                "weights = torch.softmax(scores / math.sqrt(scores.size(-1)), dim=-1)  # (B, T)"),)),
+        edits=(("weights = torch.softmax(scores, dim=-1)  # (B, S)",
+                "weights = torch.softmax(scores / math.sqrt(scores.size(-1)), dim=-1)  # (B, S)"),)),
     # An attention_context that ignores the mask hides whether the decoder passes one: the one cost
     # of part 4 that part 5 cannot avoid, and it says so.
     "context_ignores_mask": Mistake(
