@@ -1,4 +1,16 @@
-"""Where each exercise's files live. One chapter key names all of them."""
+"""Where each exercise's files live. One chapter key names all of them.
+
+The course runs from a clone of its repository or from an installed wheel, and finds its
+files by one rule: the exercises (the masters in ``source/`` and the learner notebooks) are
+the wheel's copy inside this package, ``autograder/exercises/``, where there is one, and
+otherwise the clone's ``exercises/``, beside the ``autograder/`` folder. A clone never has
+the former: its editable install (``pip install -e .``) leaves every file where it is.
+The hidden tests (``autograder/hidden/``) and the reference modules (``solutions/``, beside
+``autograder/``) are packages, in the same place relative to this file in both.
+
+What only authors do (``generate``, ``new``, ``mutants``, ``seeds``) writes or reads files
+that a wheel does not carry, and needs a clone: `usage.require_checkout` says so in one sentence.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +18,17 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = Path(__file__).resolve().parent
+ROOT = PACKAGE.parent  # the clone, or the site-packages folder of an installed wheel
+PACKAGED_EXERCISES = PACKAGE / "exercises"
+EXERCISES = PACKAGED_EXERCISES if PACKAGED_EXERCISES.is_dir() else ROOT / "exercises"
+SOURCE = EXERCISES / "source"
 KEY_RE = re.compile(r"^\d\d_[a-z0-9_]+$")
+
+
+def in_checkout() -> bool:
+    """Whether the course runs from a clone of its repository (not from an installed wheel)."""
+    return EXERCISES == ROOT / "exercises"
 
 
 @dataclass(frozen=True)
@@ -19,12 +40,12 @@ class Assignment:
     @property
     def master(self) -> Path:
         """The single source: prose, stubs' solutions and visible tests (MyST markdown)."""
-        return ROOT / "exercises" / "source" / f"{self.key}.md"
+        return SOURCE / f"{self.key}.md"
 
     @property
     def notebook(self) -> Path:
         """The learner notebook, generated from the master."""
-        return ROOT / "exercises" / f"{self.key}.ipynb"
+        return EXERCISES / f"{self.key}.ipynb"
 
     @property
     def solutions(self) -> Path:
@@ -34,7 +55,7 @@ class Assignment:
     @property
     def hidden_tests(self) -> Path:
         """The hidden checks (plain `test_*` functions with @points), run in the trusted process."""
-        return ROOT / "autograder" / "hidden" / f"test_{self.key}.py"
+        return PACKAGE / "hidden" / f"test_{self.key}.py"
 
     @property
     def solutions_module(self) -> str:
@@ -43,7 +64,7 @@ class Assignment:
 
 def all_assignments() -> list[Assignment]:
     """Every exercise that has a master, in chapter order."""
-    masters = sorted((ROOT / "exercises" / "source").glob("*.md"))
+    masters = sorted(SOURCE.glob("*.md"))
     return [Assignment(p.stem) for p in masters if KEY_RE.match(p.stem)]
 
 

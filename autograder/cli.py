@@ -1,4 +1,5 @@
-"""Command line: ``python -m autograder {generate,check,grade,mutants,seeds,new}``.
+"""Command line: ``python -m autograder {generate,check,grade,mutants,seeds,new}``, also installed as
+the ``attention-course`` script (`entry_point`).
 
 Exit codes: 0 done; 1 `check`'s notebook could not be graded; 2 usage error (an unknown
 exercise key, a bad flag, a missing file: one line on stderr); 3 a grader error (a fault of
@@ -7,17 +8,23 @@ ours, logged) needs the instructor's attention."""
 from __future__ import annotations
 
 import argparse
+import atexit
+import os
 import sys
 
 from .text import visible
-from .usage import EXIT_USAGE, UsageError, known_assignment
+from .usage import EXIT_USAGE, UsageError, known_assignment, require_checkout, require_modules
 
 
 def _cmd_generate(args) -> int:
-    from .generate import generate
+    require_checkout("generate")
+    from .generate import MasterError, generate
 
     assignments = [known_assignment(k) for k in args.assignment] if args.assignment else None
-    problems = generate(assignments, check=args.check)
+    try:
+        problems = generate(assignments, check=args.check)
+    except MasterError as exc:  # a master, or _config.yml, breaks a rule: said in one line
+        raise UsageError(str(exc)) from None
     for line in problems:
         print(line)
     if args.check:
@@ -36,24 +43,28 @@ def _cmd_check(args) -> int:
 
 
 def _cmd_grade(args) -> int:
+    require_modules("grade", "instructor", ("nbgrader", "dask", "distributed"))
     from .commands import grade_command
 
     return grade_command(args)
 
 
 def _cmd_mutants(args) -> int:
+    require_checkout("mutants")
     from .mutants import mutants_command
 
     return mutants_command(args)
 
 
 def _cmd_seeds(args) -> int:
+    require_checkout("seeds")
     from .seeds import seeds_command
 
     return seeds_command(args)
 
 
 def _cmd_new(args) -> int:
+    require_checkout("new")
     from .scaffold import new_command
 
     return new_command(args)
@@ -66,8 +77,8 @@ def _positive(text: str) -> int:
     return n
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m autograder", description=__doc__)
+def build_parser(prog: str = "python -m autograder") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("generate", help="write learner notebooks and reference modules from the masters")
@@ -82,6 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sandbox", action="store_true",
                    help="run the notebook's code under bubblewrap, as the grader does (default: unsandboxed)")
     p.add_argument("--seed", type=int, help="seed the checks (replays a grade: its feedback names the seed)")
+    p.add_argument("--part", metavar="PART",
+                   help='check one part only: "part 3" (or "3"), or its name, e.g. "softmax" (default: every part)')
     p.set_defaults(func=_cmd_check)
 
     p = sub.add_parser("grade", help="grade submissions into an nbgrader gradebook and a CSV")
@@ -170,13 +183,41 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run(args) -> int:
     """Run the parsed command `args`; its exit code. A usage error, wherever a command finds it, is
-    said here, in one line on stderr, and exits 2 (as argparse's own errors do)."""
+    said here, in one line on stderr, and exits 2 (as argparse's own errors do); so is a Python
+    without torch or numpy, whichever command meets it (`learner_errors.stack_problem`)."""
     try:
         return args.func(args)
     except UsageError as exc:
         print(f"error: {visible(str(exc), keep=chr(10))}", file=sys.stderr)
         return EXIT_USAGE
+    except ModuleNotFoundError as exc:
+        from .learner_errors import STACK, stack_problem
+
+        problem = str(exc.name or "").partition(".")[0] in STACK and stack_problem(try_import=False)
+        if not problem:
+            raise
+        print(f"error: {visible(problem)}", file=sys.stderr)
+        return EXIT_USAGE
 
 
 def main(argv: list[str] | None = None) -> int:
     return run(build_parser().parse_args(argv))
+
+
+def entry_point(prog: str = "attention-course") -> None:
+    """The command line as a program: the `attention-course` script, and `python -m autograder`
+    (which passes its own `prog`). Runs the command and ends the process with its exit code."""
+    args = build_parser(prog).parse_args()
+    code = run(args)
+    if args.command == "check":
+        # The check has printed its report and ended its worker. What is left is the interpreter's
+        # teardown of PyTorch, the checks and the reference (0.3 to 0.5 s, a fifth of a learner's
+        # wait): the exit handlers run (the sandbox's cgroup clean-up), then the process ends.
+        atexit._run_exitfuncs()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
+    raise SystemExit(code)

@@ -3,8 +3,9 @@
 Exit codes: 0 when every submission was graded (low scores, rejected notebooks and
 rejected entries of the submissions folder included: those are the learners'); 1 when
 `check`'s notebook could not be graded; 2 for a usage error (`usage.UsageError`: no such
-file, unknown assignment, no sandbox, nothing gradable found); 3 when any submission ended
-in a grader error (a fault of ours that needs the instructor).
+file, unknown assignment, no sandbox, nothing gradable found, a Python without torch or
+numpy); 3 when any submission ended in a grader error (a fault of ours that needs the
+instructor).
 
 `check` grades one learner's notebook here and prints the report; `grade` is a
 `grading_run.GradingRun` made of its arguments (the folder rule, the gradebook, the CSV,
@@ -17,9 +18,11 @@ import json
 import logging
 import os
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 from .assignments import all_assignments
+from .learner_errors import stack_problem
 from .logs import SafeFormatter
 from .text import safe, visible
 from .usage import UsageError, course_grader, known_assignment
@@ -51,6 +54,19 @@ def _dumps(data) -> str:
 
 # --- check ------------------------------------------------------------------------------
 
+@contextmanager
+def _stack_imports():
+    """Around imports that bring in torch or numpy: one that fails because they are installed but
+    broken is the learner's environment, said in one sentence (a usage error); any other is ours."""
+    try:
+        yield
+    except Exception:
+        problem = stack_problem()
+        if problem:
+            raise UsageError(problem) from None
+        raise
+
+
 def check_command(args) -> int:
     """A learner's check: the worker is started before this process imports torch, the hidden
     checks and the reference (`Submission.start_early`), so the two start-ups overlap; nothing
@@ -60,6 +76,11 @@ def check_command(args) -> int:
         raise UsageError(f"no such file: {path}")
     if path.is_dir():
         raise UsageError(f"{path} is a folder; give the notebook file (.ipynb)")
+    # Asked before anything imports torch or numpy, without importing them (the worker must start
+    # first): a Python that lacks them gets one sentence and its install command, not a traceback.
+    problem = stack_problem(try_import=False)
+    if problem:
+        raise UsageError(problem)
     # Every reader refuses a link (`regular_file`); the learner's own link to their notebook, given
     # here by name, is followed once, and the report still names the notebook as it was given.
     real = Path(os.path.realpath(path)) if path.is_symlink() else path
@@ -68,7 +89,15 @@ def check_command(args) -> int:
         known = ", ".join(a.key for a in all_assignments())
         raise UsageError(f"cannot tell which exercise {safe(path.name, 200)} is (it has no course metadata); "
                          f"pass --assignment KEY (known: {known})")
-    known_assignment(key)  # before any worker starts
+    assignment = known_assignment(key)  # before any worker starts
+    parts = None
+    if getattr(args, "part", None) is not None:  # `--part "part 3"`: its checks only, with their points
+        from .in_notebook import CheckRefused, exercise, resolve_part
+
+        try:
+            parts = resolve_part(exercise(assignment), args.part, example='--part "part 1"')
+        except CheckRefused as exc:
+            raise UsageError(str(exc)) from None
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(SafeFormatter("%(levelname)s: %(message)s"))
     logging.basicConfig(level=logging.WARNING, handlers=[handler])
@@ -80,7 +109,8 @@ def check_command(args) -> int:
             sandbox = Sandbox(forbidden=[path.resolve().parent])
         except SandboxUnavailable as exc:
             raise UsageError(str(exc)) from None
-    from .runner import Submission
+    with _stack_imports():
+        from .runner import Submission
 
     # self_check: a check that cannot measure what it grades (a memory peak) shows no points for
     # it, since grading may measure it; so a check never shows more than `grade` gives
@@ -94,19 +124,23 @@ def check_command(args) -> int:
                 sandbox.probe()
             except SandboxUnavailable as exc:
                 raise UsageError(str(exc)) from None
-        from .feedback import bounded, format_text
-        from .grader import GRADED, GRADER_ERROR
+        with _stack_imports():
+            from .feedback import bounded, format_text
+            from .grader import GRADED, GRADER_ERROR
 
         grader = course_grader(key, sandbox=sandbox)
     except BaseException:
         early.close()
         raise
-    result = grader.grade(real, seed=args.seed, submission=early, label=str(path) if real is not path else "")
+    result = grader.grade(real, seed=args.seed, submission=early, label=str(path) if real is not path else "",
+                          parts=parts)
     if args.json:
         print(_dumps(dict(bounded(result, grader.limits).to_dict(), sandboxed=sandbox is not None)))
     else:
         print(SANDBOX_NOTE if sandbox is None else "The self-check ran your notebook's code in a sandbox.")
-        print(format_text(result, limits=grader.limits))
+        from .in_notebook import exercise
+
+        print(format_text(result, limits=grader.limits, part_titles=exercise(assignment).titles))
     if result.status == GRADER_ERROR:
         return EXIT_GRADER_ERROR
     return EXIT_OK if result.status == GRADED else EXIT_NOT_GRADED

@@ -22,7 +22,8 @@ def _num(x: float) -> str:
 
 def _bounded_once(result: Result, limits: Limits) -> Result:
     checks = [dataclasses.replace(c, title=safe(c.title, limits.hint_chars), hint=safe(c.hint, limits.hint_chars),
-                                  name=safe(c.name, 200), part=safe(c.part, 200)) for c in result.checks]
+                                  name=safe(c.name, 200), part=safe(c.part, 200), stub=safe(c.stub, 200),
+                                  missing=safe(c.missing, 200)) for c in result.checks]
     # A list already cut to `notes` items keeps its own last line ("… N more ..."): notes + 1.
     notes = result.notes if len(result.notes) <= limits.notes + 1 else result.notes[: limits.notes] + [
         f"… {len(result.notes) - limits.notes:,} more notes"]
@@ -62,7 +63,44 @@ def bounded_flags(flags, limits: Limits = DEFAULT) -> list[str]:
     return safe_list(flags, limits.flags, limits.path_chars + 200, "more reasons")
 
 
-def format_text(result: Result, with_student: bool = False, limits: Limits = DEFAULT) -> str:
+def _names(names: list[str]) -> str:
+    quoted = [f"`{n}`" for n in names]
+    return quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " and " + quoted[-1]
+
+
+def not_checked(result: Result, part_titles: dict | None = None) -> list[str]:
+    """What the report could not check, one sentence each: the parts not attempted yet (every check
+    of the part stopped at a definition that still raises NotImplementedError), then each definition
+    the notebook lacks. `part_titles` names a part as the notebook does ("Part 3 (attention in
+    PyTorch)"); parts under one heading share a line."""
+    titles = part_titles or {}
+    stubs: dict[str, list[str]] = {}  # the heading of a part not attempted -> its stubs
+    for part in result.parts:
+        checks = [c for c in result.checks if c.part == part]
+        if checks and all(not c.passed and c.stub for c in checks):
+            names = stubs.setdefault(titles.get(part, part), [])
+            for c in checks:
+                if c.stub not in names:
+                    names.append(c.stub)
+    lines = [f"Not checked yet: {title}: {_names(names)} still "
+             f"{'raises' if len(names) == 1 else 'raise'} NotImplementedError." for title, names in stubs.items()]
+    missing: dict[str, list[str]] = {}  # a missing name -> the parts that need it
+    for c in result.checks:
+        if c.missing:
+            where = missing.setdefault(c.missing, [])
+            title = titles.get(c.part, c.part)
+            if title not in where:
+                where.append(title)
+    lines += [f"Not checked: `{name}` is not defined in your notebook (needed by {', '.join(where)}); "
+              "check its name, and that its cell ran without an error." for name, where in missing.items()]
+    return lines
+
+
+def format_text(result: Result, with_student: bool = False, limits: Limits = DEFAULT, *,
+                part_titles: dict | None = None, replay: str | None = None) -> str:
+    """The text report of `check` (and of `check()` in a notebook). `part_titles`: part -> how the
+    notebook names it, for the lines on what could not be checked; `replay`: how to replay the
+    checks' seed (default: the command line's `--seed S`)."""
     result = bounded(result, limits)
     lines = []
     who = f" ({result.student})" if with_student and result.student else ""
@@ -73,16 +111,20 @@ def format_text(result: Result, with_student: bool = False, limits: Limits = DEF
     width = max([len(p) for p in result.parts] + [10])
     for part, s in result.parts.items():
         lines.append(f"  {safe(part, 100):<{width}}  {_num(s['score'])} / {_num(s['max_score'])}")
+        said = ""  # a hint the part's checks repeat (a GPU asked for, say) is said once
         for c in result.checks:
             if c.part == part and not c.passed:
                 lines.append(f"      x {c.title} (0 / {_num(c.max_points)})")
-                lines.append(f"        hint: {c.hint}")
+                if not c.missing:  # a missing definition is said once, under "Not checked" (not_checked)
+                    lines.append(f"        hint: {c.hint if c.hint != said else 'the same as above'}")
+                    said = c.hint
     lines.append(f"  {'total':<{width}}  {_num(result.score)} / {_num(result.max_score)}")
+    lines += [f"  {line}" for line in not_checked(result, part_titles)]
     if result.status == GRADER_ERROR:
         lines.append(f"  GRADER ERROR: {result.error}")
     for note in result.notes:
         lines.append(f"  note: {note}")
-    lines.append(f"  (checks seeded with {result.seed}; `--seed {result.seed}` replays them)")
+    lines.append(f"  (checks seeded with {result.seed}; {replay or f'`--seed {result.seed}`'} replays them)")
     return "\n".join(lines)
 
 

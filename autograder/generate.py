@@ -8,10 +8,16 @@ regions, test cells carry ``grade: true`` and their points. Two shorthands keep 
   ``:grader: tests PART POINTS`` expands to the full nbgrader metadata (see
   ``GRADER_FORMS``); the long ``nbgrader:`` YAML block still works;
 * a line ``<!-- instructions -->`` is replaced by the shared learner instructions,
-  ``exercises/source/_instructions.md``, with ``{key}`` set to the chapter key;
+  ``exercises/source/_instructions.md``, with ``{key}`` set to the chapter key (and
+  ``{archive}`` to the course's archive, see below);
 * a code line ``# from exercise KEY: NAME`` is replaced by the reference definition of
   ``NAME`` (a function or class) from exercise KEY's master, so that a later exercise
   gives the learner an earlier answer, locked, without a second copy to keep in step.
+
+Every exercise also gets the course's set-up cell (``SETUP_CELL``) as its first code cell:
+where the course is not installed (Colab, a bare JupyterHub) it installs it from the
+repository archive that ``_config.yml``'s ``repository: url`` and ``branch`` name, so a fork
+that changes them and regenerates hands out notebooks that install the fork.
 
 From it we write
 
@@ -58,6 +64,33 @@ GRADER_FORMS = {
     "solution": ("ID", {"grade": False, "locked": False, "solution": True}),
     "tests": ("PART POINTS", {"grade": True, "locked": True, "solution": False}),
 }
+CONFIG = ROOT / "_config.yml"
+GITHUB_RE = re.compile(r"^https://github\.com/[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
+BRANCH_RE = re.compile(r"^[A-Za-z0-9_./-]+$")
+SETUP_CELL_ID = "course-setup"
+# The first code cell of every exercise. The grader's loader runs only the top level's imports,
+# definitions and assignments, so it skips this `try` whole and never runs pip; where the course
+# is importable the cell does nothing. `importlib.invalidate_caches()` lets the running kernel
+# find the package pip has just written, with no restart; `del` leaves no name behind but
+# `autograder`. `{archive}` is the only value filled in. The cell carries no nbgrader
+# metadata (it is not locked): it plays no part in grading, and a locked cell would have the audit
+# report it edited or missing in every notebook made for another repository or an older release.
+SETUP_CELL = """\
+# Set-up: where the course is not installed (Colab, a bare JupyterHub), this installs it (in
+# Colab, once per session); where it is (a clone, Binder, a laptop with the course), it does nothing.
+try:
+    import autograder
+except ModuleNotFoundError:
+    import importlib, subprocess, sys
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet",
+                    "attention-course[learner] @ {archive}"])
+    importlib.invalidate_caches()  # so that this kernel sees the new package without a restart
+    del importlib, subprocess, sys
+    try:
+        import autograder
+        print("Installed the course: check your work in a cell with `from autograder import check; check()`.")
+    except ModuleNotFoundError:
+        print("The course could not be installed (pip says why above): run this cell again.")"""
 GENERATED_NOTE = (
     "GENERATED from {master} by `python -m autograder generate`; do not edit. "
     "Edit the master and regenerate."
@@ -87,19 +120,51 @@ def read_master(assignment: Assignment, _including: tuple[str, ...] = ()) -> nbf
         if cell.cell_type == "code":
             cell.outputs = []
             cell.execution_count = None
+    first_code = next((i for i, c in enumerate(nb.cells) if c.cell_type == "code"), None)
+    if first_code is not None:
+        nb.cells.insert(first_code, setup_cell())
     nb.metadata["language_info"] = {"name": "python"}
     nbformat.validate(nb)
     return nb
 
 
+def archive_url(config: Path | None = None) -> str:
+    """The zip archive of the course's branch on GitHub, from ``_config.yml``'s ``repository``
+    (``url`` and ``branch``): what the set-up cell installs."""
+    import yaml
+
+    path = config or CONFIG
+    try:
+        repo = yaml.safe_load(path.read_text(encoding="utf-8")).get("repository") or {}
+    except (OSError, yaml.YAMLError, AttributeError) as exc:
+        raise MasterError(f"{_rel(path)} cannot be read ({exc}): the set-up cell needs its repository url and branch") from None
+    url = str(repo.get("url") or "").strip().rstrip("/").removesuffix(".git")
+    branch = str(repo.get("branch") or "main").strip()
+    if not GITHUB_RE.match(url) or not BRANCH_RE.match(branch):
+        raise MasterError(f"{_rel(path)}: repository url {url!r} and branch {branch!r} must name a GitHub "
+                          "repository (https://github.com/OWNER/REPO) and one of its branches: the set-up cell "
+                          "installs the course from that branch's archive")
+    return f"{url}/archive/refs/heads/{branch}.zip"
+
+
+def setup_cell(config: Path | None = None) -> nbformat.NotebookNode:
+    """The course's set-up cell (``SETUP_CELL``) for the repository named in ``_config.yml``."""
+    cell = nbformat.v4.new_code_cell(SETUP_CELL.replace("{archive}", archive_url(config)))
+    cell["id"] = SETUP_CELL_ID
+    return cell
+
+
 def include_instructions(assignment: Assignment, text: str) -> str:
     """The master's text with each ``<!-- instructions -->`` line replaced by the shared
-    instructions, their ``{key}`` set to the chapter key."""
+    instructions, their ``{key}`` set to the chapter key and ``{archive}`` to the course's
+    archive (``archive_url``)."""
     if not INCLUDE_RE.search(text):
         return text
     if not INSTRUCTIONS.exists():
         raise MasterError(f"{assignment.master}: includes the instructions, but {_rel(INSTRUCTIONS)} is missing")
     shared = INSTRUCTIONS.read_text(encoding="utf-8").replace("{key}", assignment.key)
+    if "{archive}" in shared:
+        shared = shared.replace("{archive}", archive_url())
     if not shared.endswith("\n"):
         shared += "\n"
     return INCLUDE_RE.sub(lambda _: shared, text)

@@ -37,6 +37,7 @@ import torch
 
 from .assignments import Assignment
 from .hidden.support import Hint, Points
+from .learner_errors import gpu_hint
 from .limits import DEFAULT, Limits
 from .notebook import (NotebookError, ParsedNotebook, audit_cells, cap, code_cells, read_notebook,
                        reference_cells)
@@ -67,6 +68,10 @@ class CheckResult:
     passed: bool
     hint: str = ""
     grader_error: bool = False
+    # what kept the check from running the learner's code at all: the name of a definition that
+    # still raises NotImplementedError (`stub`), or of one the notebook does not define (`missing`)
+    stub: str = ""
+    missing: str = ""
 
 
 @dataclass
@@ -120,7 +125,7 @@ def hint_for(exc: BaseException) -> str:
     if isinstance(exc, MissingName):
         return f"{_who(exc.name)} is not defined in your notebook (check its name, and that its cell has no error)."
     if isinstance(exc, LearnerError):
-        return f"{_who(exc.name)} raised {exc.etype}: {exc.message}"
+        return gpu_hint(_who(exc.name), exc.message) or f"{_who(exc.name)} raised {exc.etype}: {exc.message}"
     if isinstance(exc, CallTimeout):
         if exc.during_load or not exc.name:
             return (f"Loading your notebook's code did not finish within {exc.seconds:.0f} s "
@@ -136,6 +141,19 @@ def hint_for(exc: BaseException) -> str:
     return f"{_who(getattr(exc, 'name', ''))} failed: {exc}"
 
 
+def load_notes(errors: list[dict]) -> list[str]:
+    """The notes on errors raised while the notebook's top level was loaded, one per error ("cell 3,
+    line 2: ..."); PyTorch's error for a GPU this machine lacks is said once, as advice."""
+    notes, gpu_said = [], False
+    for e in errors:
+        gpu = gpu_hint("your code", e["error"], place=False)
+        if gpu and gpu_said:
+            gpu = "asks for a GPU as well (see above)"
+        gpu_said = gpu_said or bool(gpu)
+        notes.append(f"{e['cell']}, line {e['line']}: {gpu or e['error']}")
+    return notes
+
+
 def _returned(value) -> str:
     """The last value a learner's call returned, as a hint names it (its type, a tensor's dtype and device)."""
     from .hidden.support import describe
@@ -148,16 +166,22 @@ def _returned(value) -> str:
 
 def reference_code(assignment: Assignment) -> list[dict] | None:
     """The code cells of the master with its answers (the reference solution as a notebook), for
-    replaying a crashed check; None where the master cannot be read (a learner's copy of the course)."""
+    replaying a crashed check. Where the master cannot be read (an installed course has no myst_nb or
+    nbgrader, and no _config.yml), the generated reference module, which holds the same definitions,
+    as one cell; None where neither can be read."""
     try:
         from .generate import read_master
 
-        nb = read_master(assignment)
-    except Exception:  # noqa: BLE001 - no master, no replay: the crash stays the grader's
-        log.warning("cannot read the master of %s: crashed checks cannot be replayed", assignment.key, exc_info=True)
-        return None
-    cells = [{"index": i + 1, "type": c.cell_type, "source": c.source, "metadata": dict(c.metadata)}
-             for i, c in enumerate(nb.cells)]
+        cells = [{"index": i + 1, "type": c.cell_type, "source": c.source, "metadata": dict(c.metadata)}
+                 for i, c in enumerate(read_master(assignment).cells)]
+    except Exception:  # noqa: BLE001 - the reference module serves as well
+        try:
+            cells = [{"index": 1, "type": "code", "source": assignment.solutions.read_text(encoding="utf-8"),
+                      "metadata": {}}]
+        except OSError:  # no reference, no replay: the crash stays the grader's
+            log.warning("cannot read the master or the reference module of %s: crashed checks cannot be replayed",
+                        assignment.key, exc_info=True)
+            return None
     return code_cells(ParsedNotebook(path=assignment.master, cells=cells, metadata={}, assignment=assignment.key))
 
 
@@ -227,7 +251,9 @@ class Grader:
         self.sandbox = sandbox
         self.python = python
         self.reference = importlib.import_module(assignment.solutions_module)
-        self.ref_cells = reference_cells(read_notebook(assignment.notebook, self.limits))
+        generated = read_notebook(assignment.notebook, self.limits)
+        self.ref_cells = reference_cells(generated)
+        self.ref_course = generated.metadata.get("course") if isinstance(generated.metadata.get("course"), dict) else {}
         self.parts = part_points(self.ref_cells)
         self.max_score = float(sum(self.parts.values()))
         totals = {p: 0.0 for p in self.parts}
@@ -262,21 +288,28 @@ class Grader:
     def __exit__(self, *exc):
         self.close()
 
-    def new_result(self, path, student: str, seed: int) -> Result:
-        return Result.blank(self.assignment.key, path, self.parts, student=student, seed=seed)
+    def new_result(self, path, student: str, seed: int, parts=None) -> Result:
+        """A blank result of every part, or of the parts named in `parts` only (then only their
+        checks run: see `_check_all`)."""
+        chosen = self.parts if parts is None else {p: m for p, m in self.parts.items() if p in set(parts)}
+        return Result.blank(self.assignment.key, path, chosen, student=student, seed=seed)
 
     def grade(self, path: str | Path, *, student: str = "", seed: int | None = None, label: str = "",
-              submission: Submission | None = None) -> Result:
+              submission: Submission | None = None, parts=None, cells: list[dict] | None = None) -> Result:
         """Grade one notebook file. Never raises; see the module docstring for the statuses.
 
         `label` names the notebook in the result and the log when `path` is a private copy of it.
         `submission`: a `Submission` for `path` whose worker was started early (`start_early`), with
-        this grader's sandbox; it is given this notebook's cells, limits and seed and is closed here."""
+        this grader's sandbox; it is given this notebook's cells, limits and seed and is closed here.
+        `parts`: grade only these parts (ids as in `self.parts`); each check keeps the points it has in
+        a full grade, its seed depending only on `seed` and its name (`check_seed`).
+        `cells`: grade these code cells (``{"label", "source"}``, as `code_cells` gives them) instead of
+        reading `path`, which then only names the result: a kernel's history (autograder.in_notebook)."""
         start = time.monotonic()
         seed = secrets.randbelow(2**31) if seed is None else int(seed)
-        result = self.new_result(label or path, student, seed)
+        result = self.new_result(label or path, student, seed, parts)
         try:
-            self._grade(Path(path), result, submission)
+            self._grade(Path(path), result, submission, cells)
         except Exception as exc:  # noqa: BLE001 - a fault of ours must not lose the submission
             log.error("grader error while grading %s (%s), seed %d", result.notebook, student or "-", seed,
                       exc_info=True)
@@ -287,29 +320,35 @@ class Grader:
         result.seconds = time.monotonic() - start
         return result
 
-    def _grade(self, path: Path, result: Result, early: Submission | None = None) -> None:
+    def _grade(self, path: Path, result: Result, early: Submission | None = None,
+               cells: list[dict] | None = None) -> None:
         sub = early
+        notebook = path if cells is None else None  # shown read-only in the sandbox; a history has no file
         try:
-            try:
-                nb = read_notebook(path, self.limits)
-            except NotebookError as exc:
-                result.status, result.error = ERROR, str(exc)
-                return
-            audit = audit_cells(nb, self.ref_cells, self.limits)
-            result.notes += audit.notes
-            if audit.rejected:
-                result.status, result.error = ERROR, audit.rejected
-                return
-            if nb.assignment and nb.assignment != self.assignment.key:
-                result.notes.append(f"this notebook was generated for {nb.assignment[:60]!r}, "
-                                    f"graded as {self.assignment.key}")
+            if cells is None:
+                try:
+                    nb = read_notebook(path, self.limits)
+                except NotebookError as exc:
+                    result.status, result.error = ERROR, str(exc)
+                    return
+                # a learner's check grades a notebook of an older release, which `grade` refuses
+                audit = audit_cells(nb, self.ref_cells, self.limits, key=self.assignment.key,
+                                    self_check=early is not None and early.self_check, ref_course=self.ref_course)
+                result.notes += audit.notes
+                if audit.rejected:
+                    result.status, result.error = ERROR, audit.rejected
+                    return
+                if nb.assignment and nb.assignment != self.assignment.key:
+                    result.notes.append(f"this notebook was generated for {nb.assignment[:60]!r}, "
+                                        f"graded as {self.assignment.key}")
+                cells = code_cells(nb)
             if sub is None:
-                sub = Submission(code_cells(nb), limits=self.limits, seed=result.seed, sandbox=self.sandbox,
-                                 python=self.python, notebook=path, template=self.template)
+                sub = Submission(cells, limits=self.limits, seed=result.seed, sandbox=self.sandbox,
+                                 python=self.python, notebook=notebook, template=self.template)
             else:
-                sub.configure(code_cells(nb), limits=self.limits, seed=result.seed)
+                sub.configure(cells, limits=self.limits, seed=result.seed)
             self.run_checks(sub, result)
-            result.notes += [f"{e['cell']}, line {e['line']}: {e['error']}" for e in sub.load_errors]
+            result.notes += load_notes(sub.load_errors)
             result.notes += sub.load_notes
         finally:
             if sub is not None:
@@ -377,14 +416,20 @@ class Grader:
 
     def _check_all(self, sub: Submission, result: Result, faults: list, replay: dict) -> None:
         for check in self.checks:
+            if check.part not in result.parts:
+                continue  # a grade of some parts only (`grade(parts=...)`)
             s = check_seed(result.seed, check.name)
-            passed, hint, fault = False, "", False
+            passed, hint, fault, stub, missing = False, "", False, "", ""
             sub.last_returned = None
             try:
                 self.call_check(check, sub, s)
                 passed = True
             except (Hint, GradingError) as exc:
                 hint = hint_for(exc)
+                if isinstance(exc, NotImplementedRemote):
+                    stub = exc.name
+                elif isinstance(exc, MissingName):
+                    missing = exc.name
             except Exception as exc:  # noqa: BLE001 - ours, unless it comes from what the learner returned
                 crash = traceback.format_exc()
                 last = sub.last_returned
@@ -405,7 +450,8 @@ class Grader:
                               result.student or "-", result.seed, crash)
             result.checks.append(CheckResult(name=check.name, part=check.part, title=check.title,
                                              points=check.points if passed else 0.0, max_points=check.points,
-                                             passed=passed, hint=hint, grader_error=fault))
+                                             passed=passed, hint=hint, grader_error=fault, stub=stub,
+                                             missing=missing))
             if passed:
                 result.parts[check.part]["score"] += check.points
 

@@ -117,11 +117,14 @@ class CellAudit:
 
     `rejected` is set for forged or duplicated grade cells (the submission is not graded,
     as nbgrader does); `notes` report edited or missing locked cells, which change nothing
-    in the score (the hidden tests decide it) but are shown in the feedback.
+    in the score (the hidden tests decide it) but are shown in the feedback. `old_release`
+    is set when the cells that differ are those of another release of the exercise (see
+    `audit_cells`); it is then the first note, or the reason for the rejection.
     """
 
     notes: list[str] = field(default_factory=list)
     rejected: str = ""
+    old_release: str = ""
 
 
 def reference_cells(reference: ParsedNotebook) -> dict[str, dict]:
@@ -149,14 +152,59 @@ def cell_checksum(cell_type: str, source: str, nbg: dict) -> str:
     return m.hexdigest()
 
 
-def audit_cells(nb: ParsedNotebook, ref_cells: dict[str, dict], limits: Limits = DEFAULT) -> CellAudit:
+def _generated(nbg: dict) -> bool:
+    """Whether a cell's nbgrader metadata carries what nbgrader writes when it generates a notebook
+    (a checksum, the schema's version): the cell came from some release of the exercise."""
+    checksum = nbg.get("checksum")
+    return (isinstance(checksum, str) and len(checksum) == 32 and all(c in "0123456789abcdef" for c in checksum)
+            and "schema_version" in nbg)
+
+
+def _ids(gids: list[str], shown: int = 3) -> str:
+    names = ", ".join(repr(g[:40]) for g in gids[:shown])
+    return names + (f" and {len(gids) - shown} more" if len(gids) > shown else "")
+
+
+def _release_sentence(key: str, unknown: list[str], missing: list[str], changed: list[str], *,
+                      refused: bool, self_check: bool) -> str:
+    """The one sentence saying that the notebook was made for an older release of exercise `key`
+    (under `limits.note_chars` when its lists of cells are short): how it differs, what to do."""
+    differs = []
+    if unknown:
+        differs.append(f"cells not in the current exercise: {_ids(unknown)}")
+    if missing:
+        differs.append(f"cells it lacks: {_ids(missing)}")
+    if changed:
+        differs.append(f"locked cells changed since: {_ids(changed)}")
+    what = f"This notebook is from an older release of exercise {key[:60]} ({'; '.join(differs)})"
+    if self_check:
+        return what + (": copy your answers into the current notebook and check that one"
+                       + (", as the instructor's grader will refuse this one." if refused else "."))
+    if refused:
+        return what + ", so it was not graded: copy your answers into the current notebook and submit that one."
+    return what + "; the current exercise's checks graded it all the same."
+
+
+def audit_cells(nb: ParsedNotebook, ref_cells: dict[str, dict], limits: Limits = DEFAULT, *, key: str = "",
+                self_check: bool = False, ref_course: dict | None = None) -> CellAudit:
     """Compare `nb`'s nbgrader cells with the generated notebook's (`reference_cells`).
+
+    A notebook made for another release of the exercise (`old_release`) is told from one whose
+    cells were forged or edited by what its differing cells carry: a grade id the exercise does
+    not have on a cell with nbgrader's generated metadata (a checksum), a locked cell generated
+    with another checksum than the current one's (a learner's edit keeps the checksum), locked
+    cells missing from a notebook whose other nbgrader cells are intact, or cells missing from one
+    whose course metadata (`ref_course`: the generated notebook's) differs. Its unknown grade
+    cells are still refused by the instructor's grade; a learner's check (`self_check`) grades
+    it, and says so once (`key` names the exercise in that sentence). A checksum is public, so
+    this tells an honest mistake from a forgery only for the sentence shown, never for the grade.
 
     Each reference cell's checksum is computed at most once, so the cost is linear in the
     notebook's size."""
     audit = CellAudit()
     seen: dict[str, int] = {}
     forged, duplicated, edited = [], [], []
+    unknown, unknown_grade, changed = [], [], []  # what another release of the exercise would show
     for cell in nb.cells:
         nbg = _nbgrader(cell)
         gid = nbg.get("grade_id")
@@ -176,7 +224,14 @@ def audit_cells(nb: ParsedNotebook, ref_cells: dict[str, dict], limits: Limits =
             continue
         if rcell is None:
             if nbg.get("grade") or nbg.get("locked"):
-                forged.append(f"{label} is a grade cell that is not part of the exercise")
+                if _generated(nbg):
+                    unknown.append(gid)
+                    if nbg.get("grade"):
+                        unknown_grade.append(f"{label} is a grade cell that is not part of the exercise")
+                else:
+                    forged.append(f"{label} is a grade cell that is not part of the exercise")
+            elif nbg.get("solution"):
+                unknown.append(gid)
             continue
         if nbg.get("grade") and not rnbg.get("grade"):
             forged.append(f"{label} was turned into a grade cell")
@@ -187,17 +242,34 @@ def audit_cells(nb: ParsedNotebook, ref_cells: dict[str, dict], limits: Limits =
             except Exception:  # noqa: BLE001 - a malformed cell is simply 'edited'
                 checksum = None
             if checksum != rnbg.get("checksum"):
-                edited.append(f"the locked cell {label} was edited (its checksum differs); "
-                              "it plays no part in grading: the hidden tests decide the score")
-    for gid, rcell in ref_cells.items():
-        if gid not in seen and (_nbgrader(rcell).get("locked") or _nbgrader(rcell).get("grade")):
-            edited.append(f"the locked cell {gid!r} is missing (deleted, or its metadata was removed); "
-                          "it plays no part in grading: the hidden tests decide the score")
-    audit.notes = cap(edited, limits, "notes about edited cells")
+                if _generated(nbg) and nbg["checksum"] != rnbg.get("checksum"):
+                    changed.append(gid)  # generated with other content: a learner's edit keeps the checksum
+                else:
+                    edited.append(f"the locked cell {label} was edited (its checksum differs); "
+                                  "it plays no part in grading: the hidden tests decide the score")
+    missing = [gid for gid in ref_cells if gid not in seen]
+    mine = nb.metadata.get("course") if isinstance(nb.metadata.get("course"), dict) else {}
+    other_course = any(k != "assignment" and k in mine and mine[k] != v for k, v in (ref_course or {}).items())
+    missing_locked = [gid for gid in missing if _nbgrader(ref_cells[gid]).get("locked")
+                      or _nbgrader(ref_cells[gid]).get("grade")]
+    # every release has grade cells: a notebook without any lost them, it was not made without them
+    intact = (any(_nbgrader(ref_cells[gid]).get("grade") for gid in seen if gid in ref_cells)
+              and not (edited or forged or duplicated))
+    if unknown or changed or (missing_locked and intact) or (missing and other_course):
+        audit.old_release = _release_sentence(key, unknown, missing, changed, refused=bool(unknown_grade),
+                                              self_check=self_check)
+    else:
+        edited += [f"the locked cell {gid!r} is missing (deleted, or its metadata was removed); "
+                   "it plays no part in grading: the hidden tests decide the score" for gid in missing_locked]
     problems = cap(forged + duplicated, limits, "problems")
     if problems:
         audit.rejected = ("forged or duplicated grade cells: " + "; ".join(problems)
                           + ". Start again from the original notebook (or delete those cells) and resubmit")
+    elif unknown_grade and not self_check:
+        audit.rejected = audit.old_release  # the instructor's grade refuses grade cells it does not know
+    if audit.old_release and not audit.rejected:
+        edited.insert(0, audit.old_release)
+    audit.notes = cap(edited, limits, "notes about edited cells")
     return audit
 
 

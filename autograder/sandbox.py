@@ -145,8 +145,13 @@ class Sandbox:
             self.seccomp = seccomp.program()
         self.gpu_devices = sorted(str(p) for p in Path("/dev").glob("nvidia*")) if Path("/dev").is_dir() else []
         self.binds = [p for p in _python_prefixes(python) if not _within(p, "/usr")]
-        from .assignments import ROOT
+        from .assignments import ROOT, in_checkout
 
+        if not in_checkout() and any(_within(os.path.realpath(ROOT), p) for p in self.binds):
+            raise SandboxUnavailable(
+                f"the course is installed inside the Python installation that the sandbox shows to learner code "
+                f"({ROOT}), which would expose its hidden tests and reference solutions: run it from a clone of the "
+                "course's repository, or without the sandbox for notebooks you trust")
         self.check_binds([ROOT, *forbidden])
         self.cgroups: MemoryCgroups | None = None
         self.cgroup_problem = "not asked for"

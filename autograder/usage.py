@@ -26,6 +26,27 @@ def known_assignment(key: str):
         raise UsageError(exc.args[0]) from None
 
 
+def require_checkout(command: str) -> None:
+    """A UsageError unless the course runs from a clone of its repository (see `autograder.assignments`):
+    `command` reads or writes files that an installed course does not have."""
+    from .assignments import PACKAGE, in_checkout
+
+    if not in_checkout():
+        raise UsageError(f"`{command}` works in a clone of the course's repository, and this course is installed "
+                         f"as a package ({PACKAGE}): clone the repository and run it there")
+
+
+def require_modules(command: str, extra: str, modules: tuple[str, ...]) -> None:
+    """A UsageError when one of `modules` is not installed in this Python: `command` needs the course's
+    `extra` (pyproject.toml), which a learner's install leaves out."""
+    import importlib.util
+
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        raise UsageError(f"`{command}` needs {', '.join(missing)}, which this Python lacks: install the course with "
+                         f"its {extra} extra (attention-course[{extra}]), or run `make install` in a clone")
+
+
 def course_grader(key: str, **kw):
     """A `Grader` for `key` (keywords as `Grader`'s), or a UsageError when the key is unknown or the
     course's files for it are inconsistent."""
@@ -38,4 +59,4 @@ def course_grader(key: str, **kw):
         raise UsageError(f"the course's files for {key} are inconsistent: {exc}") from None
 
 
-__all__ = ["EXIT_USAGE", "UsageError", "known_assignment", "course_grader"]
+__all__ = ["EXIT_USAGE", "UsageError", "known_assignment", "require_checkout", "require_modules", "course_grader"]

@@ -93,7 +93,8 @@ def _learner_error(exc: BaseException, kind: str = P.KIND_LEARNER) -> _Reply:
         message = "(message unavailable)"
     where = ""
     try:
-        frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename.startswith("<cell")]
+        # a cell of the notebook file ("<cell 7 (softmax)>") or of a kernel's history ("<In [7]>")
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename.startswith(("<cell", "<In ["))]
         if frames:
             where = f"{frames[-1].filename[1:-1]}, line {frames[-1].lineno}"
     except BaseException:

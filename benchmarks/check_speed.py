@@ -9,7 +9,10 @@ interleaved so that a busy machine slows all of them alike:
 
 * ``python -c "import torch"``: the floor, what any check that uses torch pays at least;
 * ``python -m autograder check NOTEBOOK``: a fresh process, as a learner runs it (no sandbox);
-* ``python -m autograder check --sandbox NOTEBOOK``: the same checks under bubblewrap.
+* ``python -m autograder check --sandbox NOTEBOOK``: the same checks under bubblewrap;
+* ``check()`` from a cell (`autograder.in_notebook`), timed in this process as in a kernel that
+  has run the notebook's code cells top to bottom (their sources are its input history): what a
+  learner waits for after running the check's cell.
 
 Every check must give full marks (a check that fails early would look fast). It prints the
 median seconds of each and the ratios against the floor; the targets are check <= 2x and
@@ -67,6 +70,21 @@ def run_check(notebook: Path, env: dict, sandbox: bool) -> float:
     return seconds
 
 
+def run_in_cell(notebook: Path) -> float:
+    """check() from a cell, in this process (the kernel), on the history of a top-to-bottom run."""
+    from autograder.in_notebook import grade_plan, plan_check
+
+    cells = [c for c in json.loads(notebook.read_text(encoding="utf-8"))["cells"] if c["cell_type"] == "code"]
+    entries = [(n, "".join(c["source"])) for n, c in enumerate(cells, start=1)]
+    start = time.perf_counter()
+    reply = grade_plan(plan_check(entries), seed=1)
+    seconds = time.perf_counter() - start
+    result = reply["result"]
+    if result["score"] != result["max_score"] or not result["max_score"]:
+        raise SystemExit(f"check() in a cell did not give {notebook.name} full marks: {reply['text'][-1500:]}")
+    return seconds
+
+
 def sandbox_problem() -> str:
     """Why `check --sandbox` cannot run here ('' when it can)."""
     from autograder.sandbox import SandboxUnavailable, detect
@@ -96,7 +114,7 @@ def main() -> int:
         print(f"no sandbox here, `check --sandbox` is not timed: {problem}", file=sys.stderr)
         use_sandbox = False
     floor_argv = [sys.executable, "-c", "import torch"]
-    times: dict[str, dict[str, list[float]]] = {k: {"torch": [], "check": [], "sandbox": []} for k in keys}
+    times: dict[str, dict[str, list[float]]] = {k: {"torch": [], "check": [], "sandbox": [], "cell": []} for k in keys}
     with tempfile.TemporaryDirectory(prefix="check-speed-") as tmp:
         notebooks = build(keys, Path(tmp))
         for i in range(args.n):
@@ -104,6 +122,7 @@ def main() -> int:
                 t = times[key]
                 t["torch"].append(timed(floor_argv, env)[0])
                 t["check"].append(run_check(notebooks[key], env, sandbox=False))
+                t["cell"].append(run_in_cell(notebooks[key]))
                 if use_sandbox:
                     t["sandbox"].append(run_check(notebooks[key], env, sandbox=True))
             print(f"round {i + 1}/{args.n} done", file=sys.stderr, flush=True)
@@ -114,10 +133,12 @@ def main() -> int:
         floor = statistics.median(t["torch"])
         check = statistics.median(t["check"])
         sandbox = statistics.median(t["sandbox"]) if t["sandbox"] else None
+        cell = statistics.median(t["cell"])
         rows.append({"assignment": key, "import_torch_s": round(floor, 2), "check_s": round(check, 2),
                      "check_ratio": round(check / floor, 2),
                      "sandbox_s": None if sandbox is None else round(sandbox, 2),
-                     "sandbox_ratio": None if sandbox is None else round(sandbox / floor, 2)})
+                     "sandbox_ratio": None if sandbox is None else round(sandbox / floor, 2),
+                     "in_cell_s": round(cell, 2), "in_cell_ratio": round(cell / floor, 2)})
     ok = all(r["check_ratio"] <= TARGET_CHECK and (r["sandbox_ratio"] is None or r["sandbox_ratio"] <= TARGET_SANDBOX)
              for r in rows)
     if args.json:
@@ -125,12 +146,12 @@ def main() -> int:
         return 0
     print(f"medians of {args.n} interleaved runs; targets: check <= {TARGET_CHECK:g}x, "
           f"check --sandbox <= {TARGET_SANDBOX:g}x the import-torch time\n")
-    print("| exercise | import torch s | check s | ratio | check --sandbox s | ratio |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print("| exercise | import torch s | check s | ratio | check --sandbox s | ratio | check() in a cell s | ratio |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         sb = ("n/a", "n/a") if r["sandbox_s"] is None else (f"{r['sandbox_s']:.2f}", f"{r['sandbox_ratio']:.2f}x")
         print(f"| {r['assignment']} | {r['import_torch_s']:.2f} | {r['check_s']:.2f} | {r['check_ratio']:.2f}x "
-              f"| {sb[0]} | {sb[1]} |")
+              f"| {sb[0]} | {sb[1]} | {r['in_cell_s']:.2f} | {r['in_cell_ratio']:.2f}x |")
     print(f"\nevery exercise within the targets: {'yes' if ok else 'NO'}")
     return 0
 

@@ -148,7 +148,7 @@ def test_grader_options_expand_to_the_long_nbgrader_metadata(tmp_path):
     (tmp_path / "long").mkdir()
     nb_short = read_master(_demo(tmp_path / "short", short))
     nb_long = read_master(_demo(tmp_path / "long", long))
-    code = [c for c in nb_short.cells if c.cell_type == "code"]
+    code = [c for c in nb_short.cells if c.cell_type == "code" and c.id != gen.SETUP_CELL_ID]
     assert [dict(c.metadata) for c in code] == [
         {"nbgrader": {"grade": False, "grade_id": "setup", "locked": True, "schema_version": 3,
                       "solution": False}, "tags": ["export"]},
@@ -161,7 +161,8 @@ def test_grader_options_expand_to_the_long_nbgrader_metadata(tmp_path):
     ]
     assert type(code[2].metadata["nbgrader"]["points"]) is int
     assert nbformat.writes(nb_short) == nbformat.writes(nb_long)
-    assert [c.source for c in code] == [c.source for c in nb_long.cells if c.cell_type == "code"]
+    assert [c.source for c in code] == [c.source for c in nb_long.cells
+                                        if c.cell_type == "code" and c.id != gen.SETUP_CELL_ID]
 
 
 @pytest.mark.parametrize("value", [
@@ -200,7 +201,7 @@ def test_an_earlier_answer_is_included_from_its_master(tmp_path):
 
     body = _cell(":grader: locked setup\n:tags: [export]\n",
                  "import math\n\n# from exercise 03_qkv: scaled_dot_product_attention\nx = 1")
-    code = read_master(_demo(tmp_path, body)).cells[1].source
+    code = read_master(_demo(tmp_path, body)).cells[2].source  # after the course's set-up cell
     expected = inspect.getsource(ch03.scaled_dot_product_attention).rstrip("\n")
     assert code == ("import math\n\n# Exercise 03_qkv's reference `scaled_dot_product_attention`, included from "
                     "exercises/source/03_qkv.md.\n" + expected + "\nx = 1")
@@ -242,7 +243,8 @@ def test_learner_notebook_carries_the_shared_instructions(assignment):
     master = assignment.master.read_text(encoding="utf-8")
     assert master.count("<!-- instructions -->") == 1
     assert "nbgrader:" not in master, "use the short :grader: options"
-    shared = gen.INSTRUCTIONS.read_text(encoding="utf-8").replace("{key}", assignment.key)
+    shared = (gen.INSTRUCTIONS.read_text(encoding="utf-8").replace("{key}", assignment.key)
+              .replace("{archive}", gen.archive_url()))
     assert f"exercises/{assignment.key}.ipynb" in shared
     intro = nbformat.read(str(assignment.notebook), as_version=4).cells[0].source
     assert shared in intro and "<!-- instructions -->" not in intro and "{key}" not in intro
@@ -262,6 +264,7 @@ def test_drift_check_fails_on_a_stale_file(tmp_path):
     for folder in ("autograder", "exercises", "solutions"):
         shutil.copytree(ROOT / folder, tmp_path / folder,
                         ignore=shutil.ignore_patterns("__pycache__", ".ipynb_checkpoints"))
+    shutil.copy2(ROOT / "_config.yml", tmp_path)  # the set-up cell's repository
     key = KEYS[0]
     master = tmp_path / "exercises" / "source" / f"{key}.md"
     master.write_text(master.read_text(encoding="utf-8").replace(
