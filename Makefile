@@ -26,7 +26,7 @@ book: install
 # The browser tests (tests/test_browser.py) read the built site: build it first. With the
 # execution cache an up-to-date book rebuilds in seconds.
 test: install check-generated book
-	$(PY) -m pytest
+	$(PY) -m pytest --durations=25
 
 # The tests not marked slow (see tests/conftest.py): no book, no browser, no end-to-end batch,
 # no mutants or seeds graded; a few minutes on 2 cores.

@@ -1,4 +1,5 @@
-"""Command line: ``python -m autograder {generate,check,grade,mutants,seeds,new}``, also installed as
+"""Command line: ``python -m autograder {generate,check,grade,export,release,similarity,gradescope,mutants,seeds,new}``,
+also installed as
 the ``attention-course`` script (`entry_point`).
 
 Exit codes: 0 done; 1 `check`'s notebook could not be graded; 2 usage error (an unknown
@@ -47,6 +48,31 @@ def _cmd_grade(args) -> int:
     from .commands import grade_command
 
     return grade_command(args)
+
+
+def _cmd_export(args) -> int:
+    require_modules("export", "instructor", ("nbgrader",))
+    from .export import export_command
+
+    return export_command(args)
+
+
+def _cmd_release(args) -> int:
+    from .release import release_command
+
+    return release_command(args)
+
+
+def _cmd_similarity(args) -> int:
+    from .similarity import similarity_command
+
+    return similarity_command(args)
+
+
+def _cmd_gradescope(args) -> int:
+    from .gradescope import gradescope_command
+
+    return gradescope_command(args)
 
 
 def _cmd_mutants(args) -> int:
@@ -120,7 +146,65 @@ def build_parser(prog: str = "python -m autograder") -> argparse.ArgumentParser:
                         "cluster can run code in the grading jobs and change grades")
     p.add_argument("--warm", action="store_true",
                    help="start each job's workers from a pre-imported template (when the grader has one)")
+    p.add_argument("--config", metavar="FILE",
+                   help="the course's instructor configuration: due dates, late policies, LMS columns "
+                        "(default: OUT/course.toml when there is one)")
     p.set_defaults(func=_cmd_grade)
+
+    p = sub.add_parser(
+        "export", help="write the grades again from the gradebook: CSV, feedback pages, Canvas and Moodle files",
+        description="Read the gradebook and the results of earlier `grade` runs in OUT (with the instructor's "
+                    "manual scores from formgrader, and the late policy of the course configuration) and write "
+                    "OUT/KEY_grades.csv, the feedback pages OUT/feedback/STUDENT/KEY/KEY.html, and the LMS "
+                    "imports OUT/exports/KEY_canvas.csv and OUT/exports/KEY_moodle.csv. Grades nothing.")
+    p.add_argument("--assignment", required=True, help="chapter key, e.g. 03_qkv")
+    p.add_argument("--out", default="grading", help="the folder `grade` wrote (default: grading)")
+    p.add_argument("--gradebook", help="nbgrader database URL (default: sqlite:///OUT/gradebook.db)")
+    p.add_argument("--config", metavar="FILE", help="the course configuration (default: OUT/course.toml when there is one)")
+    p.add_argument("--json", action="store_true", help="print what was written as JSON")
+    p.set_defaults(func=_cmd_export)
+
+    p = sub.add_parser(
+        "release", help="write an exercise into an nbgrader course folder, or the learners' release of the course",
+        description="With --out: write each exercise's nbgrader source and release notebooks, "
+                    "OUT/source/KEY/KEY.ipynb and OUT/release/KEY/KEY.ipynb, so formgrader and nbgrader's "
+                    "exchange (release_assignment, collect, release_feedback) work on the grades `grade` writes "
+                    "there. With --learners: write the learner-facing course (the built book and the exercise "
+                    "notebooks, without the solutions, the hidden tests or the masters) into DIR, ready to push "
+                    "to the repository at --repository.")
+    p.add_argument("assignment", nargs="*", help="chapter keys (default: all)")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--out", metavar="DIR", help="the nbgrader course folder (the one `grade --out` writes)")
+    where.add_argument("--learners", metavar="DIR", help="write the learners' release into DIR")
+    p.add_argument("--repository", metavar="URL",
+                   help="with --learners: the learners' repository (https://github.com/OWNER/NAME) that the site's "
+                        "links and launch buttons point to")
+    p.add_argument("--branch", default="main", help="with --learners: the learners' repository's branch (default main)")
+    p.set_defaults(func=_cmd_release)
+
+    p = sub.add_parser(
+        "similarity", help="for the instructor: submissions whose answers equal the reference or each other",
+        description="Compare the answer cells of the submissions (read by `grade`'s folder rule) with each "
+                    "other and with the reference, after normalisation (comments, docstrings, names and "
+                    "formatting removed), and report identical answers and near-duplicates. Writes "
+                    "OUT/similarity/KEY.html, .txt and .json: for the instructor, never in a learner's feedback.")
+    p.add_argument("submissions", nargs="+", help="notebooks, or folders searched for *.ipynb (as `grade`)")
+    p.add_argument("--assignment", required=True, help="chapter key, e.g. 03_qkv")
+    p.add_argument("--out", default="grading", help="folder for the report (default: grading)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=_cmd_similarity)
+
+    p = sub.add_parser(
+        "gradescope", help="Gradescope's autograder: grade /autograder/submission into results.json, or package it",
+        description="Inside Gradescope's container (run by the run_autograder script this command packages): "
+                    "grade the one notebook in the submission folder and write Gradescope's results.json. "
+                    "With --package ZIP: write the autograder zip an instructor uploads to Gradescope.")
+    p.add_argument("--assignment", help="chapter key (default: read from the notebook)")
+    p.add_argument("--submission", default="/autograder/submission", help="folder holding the learner's notebook")
+    p.add_argument("--results", default="/autograder/results/results.json", help="where results.json is written")
+    p.add_argument("--package", metavar="ZIP", help="write the autograder zip for --assignment instead of grading")
+    p.add_argument("--seed", type=int, help="seed the checks (default: a fresh one)")
+    p.set_defaults(func=_cmd_gradescope)
 
     p = sub.add_parser("mutants", help="grade mutants of the reference answers: would the hidden tests notice?")
     p.add_argument("assignment", help="chapter key, e.g. 03_qkv")

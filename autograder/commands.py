@@ -14,7 +14,6 @@ the feedback pages and the log are that run's), whose summary it prints.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
@@ -24,7 +23,7 @@ from pathlib import Path
 from .assignments import all_assignments
 from .learner_errors import stack_problem
 from .logs import SafeFormatter
-from .text import safe, visible
+from .text import json_for_stdout, safe, visible
 from .usage import UsageError, course_grader, known_assignment
 
 EXIT_OK, EXIT_NOT_GRADED, EXIT_GRADER_ERROR = 0, 1, 3
@@ -45,11 +44,6 @@ def _infer_assignment(path: Path, given: str | None, stem: str) -> str | None:
         pass
     keys = {a.key for a in all_assignments()}
     return stem if stem in keys else None
-
-
-def _dumps(data) -> str:
-    """JSON for stdout: ASCII only (json escapes C0, C1 and bidi characters), DEL escaped too."""
-    return json.dumps(data, indent=2).replace("\x7f", "\\u007f")
 
 
 # --- check ------------------------------------------------------------------------------
@@ -135,7 +129,7 @@ def check_command(args) -> int:
     result = grader.grade(real, seed=args.seed, submission=early, label=str(path) if real is not path else "",
                           parts=parts)
     if args.json:
-        print(_dumps(dict(bounded(result, grader.limits).to_dict(), sandboxed=sandbox is not None)))
+        print(json_for_stdout(dict(bounded(result, grader.limits).to_dict(), sandboxed=sandbox is not None)))
     else:
         print(SANDBOX_NOTE if sandbox is None else "The self-check ran your notebook's code in a sandbox.")
         from .in_notebook import exercise
@@ -155,10 +149,10 @@ def grade_command(args) -> int:
                      timeout=args.timeout, seed=args.seed, sandbox=not args.no_sandbox,
                      jobs=getattr(args, "jobs", None), scheduler=getattr(args, "scheduler", None),
                      insecure_scheduler=getattr(args, "insecure_scheduler", False),
-                     warm=bool(getattr(args, "warm", False)))
+                     warm=bool(getattr(args, "warm", False)), config=getattr(args, "config", None))
     summary = run.run()
     if args.json:
-        print(_dumps(summary))
+        print(json_for_stdout(summary))
     else:
         print(visible(f"gradebook: {summary['gradebook']}\ncsv: {summary['csv']}\nfeedback: {run.out / 'feedback'}\n"
                       f"log: {summary['log']}", keep="\n"))

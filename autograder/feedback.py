@@ -128,18 +128,46 @@ def format_text(result: Result, with_student: bool = False, limits: Limits = DEF
     return "\n".join(lines)
 
 
-def feedback_html(result: Result, flags=(), limits: Limits = DEFAULT) -> str:
-    """The learner's feedback page; `flags` are reasons the instructor will look at this submission."""
+def final_scores(result: Result, grades: dict | None) -> tuple[float, dict[str, str]]:
+    """The score a learner is given (the gradebook's: an instructor's manual score replaces the grader's
+    for its part) and, per part the instructor scored, the line that says so. `grades`:
+    `gradebook.part_grades` (None: the grader's scores stand)."""
+    if not grades:
+        return result.score, {}
+    total, said = 0.0, {}
+    for part, s in result.parts.items():
+        g = grades.get(part)
+        if g is None or g.get("manual") is None:
+            total += float(s["score"])
+            continue
+        total += float(g["score"])
+        said[part] = f"set by your instructor: {_num(g['manual'])} (automatic: {_num(s['score'])})"
+    return round(total, 4), said
+
+
+def feedback_html(result: Result, flags=(), limits: Limits = DEFAULT, grades: dict | None = None,
+                  late=None) -> str:
+    """The learner's feedback page; `flags` are reasons the instructor will look at this submission;
+    `grades` (`gradebook.part_grades`) brings the instructor's manual scores; `late`
+    (`deadlines.Lateness`) the due date's sentence and the points it takes off."""
     result = bounded(result, limits)
     flags = bounded_flags(flags, limits)
+    score, manual = final_scores(result, grades)
+    penalty = float(late.penalty) if late is not None else 0.0
+    score = round(max(0.0, score - penalty), 4)
+    lateness = ""
+    if late is not None and late.explanation:
+        points = f" ({_num(round(penalty, 4))} points off)" if penalty else ""
+        lateness = f"<p class='late'>{html.escape(late.explanation)}{points}</p>\n"
 
     def e(text) -> str:
         return html.escape(str(text), quote=True)
 
     rows = []
     for part, s in result.parts.items():
-        rows.append(f"<tr class='part'><th>{e(safe(part, 100))}</th>"
-                    f"<th>{_num(s['score'])} / {_num(s['max_score'])}</th></tr>")
+        shown = (f"{_num(grades[part]['score'])} / {_num(s['max_score'])}<div class='manual'>{e(manual[part])}</div>"
+                 if part in manual else f"{_num(s['score'])} / {_num(s['max_score'])}")
+        rows.append(f"<tr class='part'><th>{e(safe(part, 100))}</th><th>{shown}</th></tr>")
         for c in result.checks:
             if c.part != part:
                 continue
@@ -161,10 +189,11 @@ def feedback_html(result: Result, flags=(), limits: Limits = DEFAULT) -> str:
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>Feedback: {e(result.assignment)} ({e(result.student)})</title>
 <style>body{{font-family:sans-serif;max-width:50em;margin:2em auto}}td,th{{padding:.3em .6em;text-align:left;vertical-align:top}}
-tr.part th{{background:#eee}}.hint{{color:#8a3b00;margin-top:.2em}}.error{{color:#a00}}.seed{{color:#666;font-size:small}}</style></head>
+tr.part th{{background:#eee}}.hint{{color:#8a3b00;margin-top:.2em}}.error{{color:#a00}}.seed{{color:#666;font-size:small}}
+.manual{{font-weight:normal;font-size:small}}</style></head>
 <body><h1>Exercise {e(result.assignment)}</h1>
-<p>Learner: <b>{e(result.student)}</b>. Score: <b>{_num(result.score)} / {_num(result.max_score)}</b></p>
-{status}<table>{''.join(rows)}</table>
+<p>Learner: <b>{e(result.student)}</b>. Score: <b>{_num(score)} / {_num(result.max_score)}</b></p>
+{lateness}{status}<table>{''.join(rows)}</table>
 {'<h2>Notes</h2><ul>' + notes + '</ul>' if notes else ''}
 {seed}
 </body></html>

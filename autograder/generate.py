@@ -101,9 +101,12 @@ class MasterError(ValueError):
     """The master notebook breaks a rule of the source format."""
 
 
-def read_master(assignment: Assignment, _including: tuple[str, ...] = ()) -> nbformat.NotebookNode:
-    """The master as an nbformat notebook with deterministic cell ids."""
-    text = include_instructions(assignment, assignment.master.read_text(encoding="utf-8"))
+def read_master(assignment: Assignment, _including: tuple[str, ...] = (), *, instructions: Path | None = None,
+                setup: nbformat.NotebookNode | None = None) -> nbformat.NotebookNode:
+    """The master as an nbformat notebook with deterministic cell ids. ``instructions`` and
+    ``setup`` replace the shared instructions and the set-up cell (the learners' release,
+    ``autograder.learners_release``, has its own)."""
+    text = include_instructions(assignment, assignment.master.read_text(encoding="utf-8"), instructions)
     nb = read_myst_markdown_notebook(text)
     seen: set[str] = set()
     for i, cell in enumerate(nb.cells):
@@ -122,7 +125,7 @@ def read_master(assignment: Assignment, _including: tuple[str, ...] = ()) -> nbf
             cell.execution_count = None
     first_code = next((i for i, c in enumerate(nb.cells) if c.cell_type == "code"), None)
     if first_code is not None:
-        nb.cells.insert(first_code, setup_cell())
+        nb.cells.insert(first_code, copy.deepcopy(setup) if setup is not None else setup_cell())
     nb.metadata["language_info"] = {"name": "python"}
     nbformat.validate(nb)
     return nb
@@ -154,15 +157,16 @@ def setup_cell(config: Path | None = None) -> nbformat.NotebookNode:
     return cell
 
 
-def include_instructions(assignment: Assignment, text: str) -> str:
+def include_instructions(assignment: Assignment, text: str, instructions: Path | None = None) -> str:
     """The master's text with each ``<!-- instructions -->`` line replaced by the shared
     instructions, their ``{key}`` set to the chapter key and ``{archive}`` to the course's
     archive (``archive_url``)."""
     if not INCLUDE_RE.search(text):
         return text
-    if not INSTRUCTIONS.exists():
-        raise MasterError(f"{assignment.master}: includes the instructions, but {_rel(INSTRUCTIONS)} is missing")
-    shared = INSTRUCTIONS.read_text(encoding="utf-8").replace("{key}", assignment.key)
+    instructions = instructions or INSTRUCTIONS
+    if not instructions.exists():
+        raise MasterError(f"{assignment.master}: includes the instructions, but {_rel(instructions)} is missing")
+    shared = instructions.read_text(encoding="utf-8").replace("{key}", assignment.key)
     if "{archive}" in shared:
         shared = shared.replace("{archive}", archive_url())
     if not shared.endswith("\n"):

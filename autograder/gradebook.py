@@ -23,6 +23,20 @@ from .limits import DEFAULT, Limits
 from .text import csv_cell, safe
 
 
+def open_gradebook(url: str) -> Gradebook:
+    """nbgrader's gradebook at the database `url` (created when new), as a context manager.
+
+    nbgrader creates a new database by running the `alembic` command of its environment: that
+    environment's bin folder is put on PATH first, so a command run as `.venv/bin/python -m
+    autograder ...` (the environment not activated) finds it."""
+    import sys
+
+    bindir = str(Path(sys.executable).parent)
+    if bindir not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
+    return Gradebook(url)
+
+
 def sync_assignment(gb: Gradebook, assignment: Assignment) -> list[str]:
     """Create or update the assignment's structure in the gradebook; returns grade cell ids."""
     key = assignment.key
@@ -47,9 +61,13 @@ def sync_assignment(gb: Gradebook, assignment: Assignment) -> list[str]:
     return grade_ids
 
 
-def record(gb: Gradebook, assignment: Assignment, student: str, result, timestamp: float | None = None,
-           flagged: bool = False) -> None:
+def record(gb: Gradebook, assignment: Assignment, student: str, result,
+           timestamp: float | dt.datetime | None = None, flagged: bool = False) -> None:
     """Write one result's part scores into the gradebook (creating or updating its rows).
+
+    `timestamp`: the submission time nbgrader records (its timestamp.txt; None without one). An
+    instructor's manual score (formgrader) is kept; when the automatic score it was given over
+    changes, the grade needs a manual grade again and the submission is flagged (`needs_review`).
 
     The submission is flagged when it was not graded, or when `flagged` (its folder held
     entries that were not graded: the instructor must look)."""
@@ -57,21 +75,50 @@ def record(gb: Gradebook, assignment: Assignment, student: str, result, timestam
     gb.update_or_create_student(student)
     # nbgrader's own add_submission trips SQLAlchemy 2's autoflush warnings; they are noise.
     warnings.filterwarnings("ignore", message=".*not in session.*")
-    kwargs = {}
-    if timestamp is not None:
-        kwargs["timestamp"] = dt.datetime.fromtimestamp(timestamp, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-    gb.update_or_create_submission(key, student, **kwargs)
+    if isinstance(timestamp, (int, float)):
+        timestamp = dt.datetime.fromtimestamp(timestamp, dt.timezone.utc)
+    # Always set (None included): formgrader counts a submission as autograded only when this time is
+    # the one in submitted/STUDENT/KEY/timestamp.txt, or None where that file is absent.
+    gb.update_or_create_submission(key, student, timestamp=timestamp)
     nb = gb.find_submission_notebook(key, key, student)
     for part, scores in result.parts.items():
         try:
             grade = gb.find_grade(f"test_{part}", key, key, student)
         except MissingEntry:
             continue
-        grade.auto_score = float(scores["score"])
-        grade.needs_manual_grade = False
-    # A submission that could not be graded is flagged for the instructor, never silently 0.
-    nb.flagged = result.status != "graded" or bool(flagged)
+        new = float(scores["score"])
+        if grade.manual_score is None:
+            grade.needs_manual_grade = False
+        elif grade.auto_score is None or abs(float(grade.auto_score) - new) > 1e-9:
+            # The instructor's score stays, but it was given over another automatic score: review it.
+            grade.needs_manual_grade = True
+        # else: the manual score stands over the same automatic score, as the instructor left it
+        grade.auto_score = new
+    # A submission that could not be graded is flagged for the instructor, never silently 0; so is
+    # one whose manual score now sits over a changed automatic score.
+    nb.flagged = result.status != "graded" or bool(flagged) or needs_review(gb, assignment, student)
     gb.db.commit()
+
+
+def _grades(gb: Gradebook, key: str, student: str) -> list:
+    return [g for g in gb.find_submission_notebook(key, key, student).grades]
+
+
+def needs_review(gb: Gradebook, assignment: Assignment, student: str) -> bool:
+    """Whether an instructor's manual score sits over an automatic score that changed since it was given."""
+    return any(g.manual_score is not None and g.needs_manual_grade for g in _grades(gb, assignment.key, student))
+
+
+def part_grades(gb: Gradebook, assignment: Assignment, student: str) -> dict[str, dict]:
+    """part -> {"score" (final), "auto", "manual" (None or the instructor's), "max_score"} of a submission."""
+    out = {}
+    for g in _grades(gb, assignment.key, student):
+        if not g.name.startswith("test_"):
+            continue
+        out[g.name[len("test_"):]] = {
+            "score": float(g.score), "auto": float(g.auto_score or 0.0),
+            "manual": None if g.manual_score is None else float(g.manual_score), "max_score": float(g.max_score)}
+    return out
 
 
 def has_submission(gb: Gradebook, assignment: Assignment, student: str) -> bool:
@@ -91,26 +138,56 @@ def _reason(info: dict, limits: Limits) -> str:
     return safe(reason, limits.error_chars)
 
 
-def rows(gb: Gradebook, assignment: Assignment, statuses: dict[str, dict], limits: Limits = DEFAULT) -> list[dict]:
+def rows(gb: Gradebook, assignment: Assignment, statuses: dict[str, dict], limits: Limits = DEFAULT,
+         config=None) -> list[dict]:
     """One row per submission in the gradebook, with the status recorded when it was graded
-    (and the reasons it was flagged, in `reason`)."""
+    (and the reasons it was flagged, in `reason`).
+
+    `config` (`course_config.CourseConfig`, None: no due date) brings the late policy: `score` is
+    then the final score less the late penalty (never below 0), and the gradebook gets the
+    assignment's due date and each notebook's `late_submission_penalty`, so that nbgrader's own
+    `export` agrees with ours."""
+    from .deadlines import iso_utc, late_for
+
     key = assignment.key
     out = []
+    settings = config.assignment(key) if config is not None else None
+    due = settings.due if settings is not None else None
+    gb_assignment = gb.find_assignment(key)
+    naive_due = due.astimezone(dt.timezone.utc).replace(tzinfo=None) if due is not None else None
+    if gb_assignment.duedate != naive_due:
+        gb_assignment.duedate = naive_due
     grade_cells = [c.name for c in gb.find_notebook(key, key).grade_cells]
     for sub in sorted(gb.find_assignment(key).submissions, key=lambda s: s.student.id):
         nb = gb.find_submission_notebook(key, key, sub.student.id)
         info = statuses.get(sub.student.id, {})
+        grades = nb.grades
         row = {
             "student_id": sub.student.id,
             "assignment": key,
             "score": round(float(nb.score), 4),
             "max_score": round(float(nb.max_score), 4),
+            "auto_score": round(sum(float(g.auto_score or 0.0) for g in grades), 4),
+            "manual": any(g.manual_score is not None for g in grades),
+            "needs_review": any(g.manual_score is not None and g.needs_manual_grade for g in grades),
             "status": safe(info.get("status", "graded"), 40),
             "reason": _reason(info, limits),
         }
+        late = late_for(config, key, info, score=float(nb.score)) if config is not None else None
+        penalty = round(late.penalty, 4) if late is not None else 0.0
+        if (nb.late_submission_penalty or 0.0) != penalty:
+            nb.late_submission_penalty = penalty
+        row.update({
+            "score": round(max(0.0, float(nb.score) - penalty), 4),
+            "late_penalty": penalty,
+            "submitted_at": iso_utc(late.submitted) if late is not None else safe(info.get("submitted_at", ""), 40),
+            "submitted_from": safe(info.get("submitted_from", ""), 20),
+            "seconds_late": round(late.seconds_late) if late is not None else 0,
+        })
         for name in sorted(grade_cells):
             row[name] = round(float(gb.find_grade(name, key, key, sub.student.id).score), 4)
         out.append(row)
+    gb.db.commit()
     return out
 
 

@@ -11,11 +11,13 @@ code) and the mutation tool (`mutants.grade_batch`) call alike. A run
    its row still in the gradebook), unless forced;
 4. grades the others in this process, on a local Dask cluster or on a scheduler's
    (`autograder.cohort`), each from exactly the bytes that were hashed for it;
-5. records each result as it arrives: its gradebook row, its feedback page
-   OUT/feedback/STUDENT/KEY.html, its result file OUT/results/KEY/STUDENT.json (written
-   last: a run killed before that line regrades the learner next time), a progress line,
-   and the run's log OUT/logs/grade-KEY-TIME-PID.log (`logs.RunLog`);
-6. writes the exercise's CSV, OUT/KEY_grades.csv, and returns the summary that
+5. records each result as it arrives: its gradebook row (an instructor's manual score is
+   kept), its autograded notebook OUT/autograded/STUDENT/KEY/KEY.ipynb (what formgrader
+   shows), its feedback page OUT/feedback/STUDENT/KEY/KEY.html, its result file
+   OUT/results/KEY/STUDENT.json (written last: a run killed before that line regrades the
+   learner next time), a progress line, and the run's log OUT/logs/grade-KEY-TIME-PID.log;
+6. ends as `export` does (`export.write_outputs`: the CSV OUT/KEY_grades.csv, every feedback
+   page with the gradebook's final scores, the LMS exports) and returns the summary that
    ``grade --json`` prints.
 
 What a run cannot do is a `UsageError`, raised before anything is graded (or, for a cluster
@@ -40,6 +42,9 @@ from .submissions import Found, find_submissions, read_claim
 from .text import safe, visible
 from .usage import UsageError, course_grader, known_assignment
 
+# The columns of `gradebook.rows` that a submission's entry in the summary takes from the gradebook.
+FINAL_COLUMNS = ("score", "manual", "needs_review", "late_penalty", "submitted_at", "submitted_from",
+                 "seconds_late")
 NO_SANDBOX_WARNING = ("WARNING: --no-sandbox: learner code runs on this machine as you, with access to your "
                       "files, the solutions, the hidden tests and the gradebook. Grade this way only "
                       "notebooks you trust.")
@@ -97,13 +102,20 @@ class GradingRun:
     runs learner code unisolated (trusted notebooks only); `jobs`: submissions graded at once
     (default: the CPUs, at most one job per `cohort.MIN_PER_JOB` to grade); `scheduler` (and
     `insecure_scheduler` for a tcp:// one): grade on that Dask cluster; `warm`: start workers
-    from a pre-imported template; `progress`: where progress lines go (stderr, or `quiet`)."""
+    from a pre-imported template; `config`: the course configuration (a `course_config.CourseConfig`,
+    a course.toml path, or None: OUT/course.toml when there is one), whose due date and late policy
+    every result is assessed under (`deadlines`); `progress`: where progress lines go (stderr, or `quiet`)."""
 
     def __init__(self, key: str, submissions, out: str | Path = "grading", *, gradebook: str | None = None,
                  force: bool = False, timeout: float | None = None, seed: int | None = None, sandbox: bool = True,
                  jobs: int | None = None, scheduler: str | None = None, insecure_scheduler: bool = False,
-                 warm: bool = False, progress=to_stderr):
+                 warm: bool = False, config=None, progress=to_stderr):
         self.key = key
+        # The course configuration (`course_config`): a CourseConfig, a course.toml path, or None for
+        # OUT/course.toml when there is one; loaded by run() before anything is graded.
+        self.config_given = config
+        self.config = None
+        self._times: dict = {}  # student -> (submitted, source), `deadlines.submission_time`
         self.submissions = [str(p) for p in submissions]
         self.out = Path(out)
         self.gradebook_url = gradebook
@@ -123,6 +135,8 @@ class GradingRun:
         self.reports: list = []
         self.log_path: Path | None = None
         self.summary: dict | None = None
+        self._release = None  # the release notebook, the frame of every autograded one
+        self._graded_bytes: dict[int, bytes] = {}
 
     @property
     def results_dir(self) -> Path:
@@ -139,7 +153,10 @@ class GradingRun:
         it cannot."""
         self._check_scheduler()
         self._check_given()
+        self._load_config()
         self._scan()
+        if self.config.note:  # said once something is to be graded (a usage error stays one line)
+            self.progress(self.config.note)
         self._prepare()
         self.out.mkdir(parents=True, exist_ok=True)
         run_log = RunLog(self.out, self.assignment.key)
@@ -147,14 +164,18 @@ class GradingRun:
         try:
             self._log_start()
             url = self.gradebook_url or f"sqlite:///{(self.out / 'gradebook.db').resolve()}"
-            table = self._grade_into(url)
+            done = self._grade_into(url)
         finally:
             run_log.close()
-        from . import gradebook as gbk
-
-        csv_path = self.out / f"{self.assignment.key}_grades.csv"
-        gbk.write_csv(csv_path, table, self.limits)
-        self.summary = {"assignment": self.assignment.key, "gradebook": url, "csv": str(csv_path),
+        # The summary's entries show the gradebook's final scores (an instructor's manual ones), as the
+        # CSV does; the result files keep the grader's.
+        final = {row["student_id"]: row for row in done["rows"]}
+        for report in self.reports:
+            row = final.get(report.get("student")) if isinstance(report, dict) else None
+            if row is not None:
+                report.update({k: row[k] for k in FINAL_COLUMNS if k in row}, auto_score=row.get("auto_score"))
+        self.summary = {"assignment": self.assignment.key, "gradebook": url, "csv": done["csv"],
+                        "exports": done["exports"],
                         "log": str(self.log_path), "submissions": self.reports,
                         "rejected": [r.to_dict() for r in self.scan.rejected],
                         "rejected_total": self.scan.rejected_total}
@@ -175,15 +196,17 @@ class GradingRun:
                 self.progress(warning)
 
     def _check_given(self) -> None:
-        # nbgrader runs the `alembic` command of its environment: make it findable when the
-        # environment is not activated (e.g. `.venv/bin/python -m autograder grade ...`).
-        bindir = str(Path(sys.executable).parent)
-        if bindir not in os.environ.get("PATH", "").split(os.pathsep):
-            os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
         missing = [p for p in self.submissions if not os.path.lexists(p)]
         if missing:
             raise UsageError("no such file or folder: " + ", ".join(safe(p, DEFAULT.path_chars) for p in missing))
         self.assignment = known_assignment(self.key)
+
+    def _load_config(self) -> None:
+        """The course configuration: a file that breaks a rule is a UsageError, and nothing is graded."""
+        from .course_config import CourseConfig, load_config
+
+        given = self.config_given
+        self.config = given if isinstance(given, CourseConfig) else load_config(given, self.out)
 
     def _scan(self) -> None:
         scan = self.scan = find_submissions(self.submissions, self.assignment.key, DEFAULT, out=self.out)
@@ -224,26 +247,20 @@ class GradingRun:
         if scan.rejected_total > len(scan.rejected):
             log.warning("rejected: … %d more entries not listed", scan.rejected_total - len(scan.rejected))
 
-    def _grade_into(self, url: str) -> list[dict]:
-        """Record every submission in the gradebook at `url`; its rows for the CSV."""
-        from nbgrader.api import Gradebook
-
+    def _grade_into(self, url: str) -> dict:
+        """Record every submission in the gradebook at `url`, then write what `export` writes
+        (`export.write_outputs`: the CSV, the feedback pages, the LMS exports)."""
         from . import gradebook as gbk
+        from .export import write_outputs
 
-        with Gradebook(url) as gb:
+        with gbk.open_gradebook(url) as gb:
             self.gb = gb
             try:
                 gbk.sync_assignment(gb, self.assignment)
                 todo = self._to_grade()
                 if todo:
                     self._grade(todo)
-                statuses = {}
-                for f in sorted(self.results_dir.glob("*.json")):
-                    try:
-                        statuses[f.stem] = json.loads(f.read_text(encoding="utf-8"))
-                    except (OSError, ValueError):
-                        pass
-                return gbk.rows(gb, self.assignment, statuses, self.limits)
+                return write_outputs(gb, self.assignment, self.out, self.limits, getattr(self, "config", None))
             finally:
                 self.gb = None
 
@@ -266,6 +283,7 @@ class GradingRun:
             if read.data is None:
                 self.reports[i] = self._not_graded(found, f"{shown_path} {read.problem}", shown_path, read.digest)
                 continue
+            self._submission_time(found, read.mtime)
             flags = bounded_flags(found.flags, limits)
             saved = None if self.force else saved_result(self.results_dir / f"{student}.json", read.digest, flags)
             # Skipped only if the gradebook also has the row (it may be a new or restored one).
@@ -277,7 +295,22 @@ class GradingRun:
                               f"--force regrades{flagged}")
                 continue
             todo.append((i, found))
+        from .deadlines import FROM_FILE_TIME
+
+        file_times = sum(1 for _, source in self._times.values() if source == FROM_FILE_TIME)
+        if file_times:
+            self.progress(f"submission times are file times (no timestamp.txt) for {file_times} of "
+                          f"{len(self._times)} submission(s)")
         return todo
+
+    def _submission_time(self, found: Found, mtime: float | None) -> None:
+        """When `found` was handed in (nbgrader's timestamp.txt, else its file time); why a timestamp.txt
+        was refused becomes one of its flags (the instructor looks; it is no error)."""
+        from .deadlines import submission_time
+
+        notes: list[str] = []
+        self._times[found.student] = submission_time(found.claim.path, mtime, base=found.claim.base, notes=notes)
+        found.flags.extend(n for n in notes if n not in found.flags)
 
     def _not_graded(self, found: Found, reason: str, path: str, digest: str = "") -> dict:
         """A flagged `error` row for a submission that is not graded at all (ambiguous, a link, ...)."""
@@ -287,20 +320,39 @@ class GradingRun:
                               error=reason)
         return self._record(found, result, digest)
 
-    def _record(self, found: Found, result, digest: str, timestamp: float | None = None, tail: str = "") -> dict:
-        """One result into the gradebook, the feedback page, the result file, the progress line and the log."""
+    def _record(self, found: Found, result, digest: str, timestamp: float | None = None, tail: str = "",
+                data: bytes | None = None) -> dict:
+        """One result into the gradebook, the autograded notebook, the feedback page, the result file,
+        the progress line and the log. `data`: the bytes that were graded (None: not graded)."""
         from . import gradebook as gbk
+        from .export import write_feedback
         from .feedback import bounded, bounded_flags, feedback_html
         from .grader import ERROR
+        from .nbgrader_course import (nbgrader_time, release_notebook, timestamp_bytes, write_autograded,
+                                      write_feedback_companions)
 
         limits = self.limits
         flags = bounded_flags(found.flags, limits)
         result = bounded(result, limits)
-        gbk.record(self.gb, self.assignment, found.student, result, timestamp=timestamp, flagged=bool(flags))
-        fb = self.out / "feedback" / found.student / f"{self.assignment.key}.html"
-        fb.parent.mkdir(parents=True, exist_ok=True)
-        fb.write_text(feedback_html(result, flags, limits), encoding="utf-8")
-        data = dict(result.to_dict(), sha256=digest, feedback=str(fb), skipped=False, flags=flags)
+        from .deadlines import assess, duration, iso_utc
+
+        submitted, source = self._times.get(found.student, (None, ""))
+        late = assess(self.config.assignment(self.assignment.key), submitted, source, result.score, result.max_score)
+        if late.late:
+            tail = (f" late: {duration(late.seconds_late)}"
+                    + (f", -{round(late.penalty, 4):g} points" if late.penalty else "") + tail)
+        stamp = timestamp_bytes(found.claim)
+        gbk.record(self.gb, self.assignment, found.student, result, timestamp=nbgrader_time(stamp),
+                   flagged=bool(flags))
+        if self._release is None:
+            self._release = release_notebook(self.assignment)
+        write_autograded(self.out, self.assignment, found.student, data, result, stamp, limits, self._release)
+        write_feedback_companions(self.out, self.assignment.key, found.student, found.claim, timestamp)
+        grades = gbk.part_grades(self.gb, self.assignment, found.student)
+        fb = write_feedback(self.out, self.assignment.key, found.student,
+                            feedback_html(result, flags, limits, grades=grades, late=late))
+        data = dict(result.to_dict(), sha256=digest, feedback=str(fb), skipped=False, flags=flags,
+                    submitted_at=iso_utc(submitted), submitted_from=source)
         # Written last: a run killed before this line regrades this learner next time.
         write_json_atomic(self.results_dir / f"{found.student}.json", data)
         self.progress(progress_line(found.student, result, limits, flags) + tail)
@@ -338,6 +390,7 @@ class GradingRun:
                     continue
                 seed = self.seed if self.seed is not None else secrets.randbelow(2**31)
                 by_tag[i] = (found, read.digest, read.mtime)
+                self._graded_bytes[i] = read.data
                 yield cohort.make_task(i, key=key, student=found.student, label=str(claim.path),
                                        name=claim.parts[-1], data=read.data, seed=seed, overrides=self.overrides,
                                        sandbox=cfg, warm=self.warm)
@@ -353,7 +406,8 @@ class GradingRun:
                 cohort.replay_log(outcome)
                 result = cohort.result_of(outcome, task, self.grader)
                 self.reports[task["tag"]] = self._record(found, result, digest, mtime,
-                                                         progress.add(result.status, graded=True))
+                                                         progress.add(result.status, graded=True),
+                                                         data=self._graded_bytes.pop(task["tag"], None))
         finally:
             runner.close()
 

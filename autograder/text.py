@@ -108,4 +108,11 @@ def student_id_problem(name: str, key: str | None = None) -> str:
 
 
 __all__ = ["visible", "clip", "safe", "safe_list", "csv_cell", "student_id_problem", "STUDENT_ID",
-           "STUDENT_ID_RULE", "FORMULA_START"]
+           "STUDENT_ID_RULE", "FORMULA_START", "json_for_stdout"]
+
+
+def json_for_stdout(data) -> str:
+    """JSON for stdout: ASCII only (json escapes C0, C1 and bidi characters), DEL escaped too."""
+    import json
+
+    return json.dumps(data, indent=2).replace("\x7f", "\\u007f")

@@ -19,7 +19,7 @@ from attacks.cheats_and_escapes import CANARY_TEXT, FULL, HIDDEN_TEXT, MARKER, O
 from autograder.assignments import get_assignment
 
 def _feedback(batch, name) -> str:
-    return (batch["out"] / "feedback" / name / f"{KEY}.html").read_text(encoding="utf-8")
+    return (batch["out"] / "feedback" / name / KEY / f"{KEY}.html").read_text(encoding="utf-8")
 
 
 def _gb_score(batch, name) -> float:

@@ -81,7 +81,7 @@ def test_a_learner_whose_folder_holds_rejected_entries_is_flagged(batch, name, w
     row = _csv(batch)[name]
     assert "flagged" in row["reason"] and words in row["reason"]
     assert re.search(rf"^{name}: [\d.]+ / [\d.]+ .* FLAGGED: its folder holds", batch["stderr"], re.M)
-    page = (batch["out"] / "feedback" / name / f"{KEY}.html").read_text(encoding="utf-8")
+    page = (batch["out"] / "feedback" / name / KEY / f"{KEY}.html").read_text(encoding="utf-8")
     assert "Your instructor will look at this submission" in page
 
 
@@ -101,7 +101,7 @@ def test_not_graded_with_a_reason_and_a_flagged_error_row(batch, name, words):
     assert _flagged(batch, name)
     row = _csv(batch)[name]
     assert row["status"] == "error" and words in row["reason"] and float(row["score"]) == 0
-    page = (batch["out"] / "feedback" / name / f"{KEY}.html").read_text(encoding="utf-8")
+    page = (batch["out"] / "feedback" / name / KEY / f"{KEY}.html").read_text(encoding="utf-8")
     assert "Not graded" in page
     assert re.search(rf"^{name}: 0 / [\d.]+ \(ERROR: ", batch["stderr"], re.M)
 
@@ -153,7 +153,9 @@ def test_no_rejected_entry_becomes_a_student(batch):
 
 OUT_FILES = [re.compile(p) for p in (
     r"gradebook\.db(-journal)?", rf"{KEY}_grades\.csv", rf"logs/grade-{KEY}-[\d-]+\.log",
-    rf"feedback/(?P<id>[^/]+)/{KEY}\.html", rf"results/{KEY}/(?P<id>[^/]+)\.json")]
+    rf"feedback/(?P<id>[^/]+)/{KEY}/({KEY}\.html|timestamp\.txt|submission_secret\.txt)",
+    rf"results/{KEY}/(?P<id>[^/]+)\.json",
+    rf"autograded/(?P<id>[^/]+)/{KEY}/({KEY}\.ipynb|timestamp\.txt)", rf"exports/{KEY}_(canvas|moodle)\.csv")]
 
 
 def test_the_output_folder_holds_only_its_files(batch):

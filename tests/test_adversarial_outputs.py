@@ -40,7 +40,7 @@ def _strings(value):
 
 
 def _page(batch, name) -> str:
-    return (batch["out"] / "feedback" / name / f"{KEY}.html").read_text(encoding="utf-8")
+    return (batch["out"] / "feedback" / name / KEY / f"{KEY}.html").read_text(encoding="utf-8")
 
 
 def _result_file(batch, name) -> Path:

@@ -113,7 +113,7 @@ def test_feedback_shows_hints_never_hidden_tests(chapter):
     code = [ln.strip() for ln in hidden.splitlines()
             if ln.strip().startswith(("expected =", "q, k, v =", "mask =", "hyps =")) and len(ln.strip()) > 12]
     for student, sub in by.items():
-        page = html.unescape((out / "feedback" / student / f"{key}.html").read_text())
+        page = html.unescape((out / "feedback" / student / key / f"{key}.html").read_text())
         assert f"{sub['score']:g} / {grader.max_score:g}" in page and str(sub["seed"]) in page
         assert "def test_" not in page and "reference." not in page and "tensor(" not in page
         assert not [ln for ln in code if ln in page]

@@ -103,7 +103,7 @@ def test_a_crashing_hidden_test_is_a_grader_error_not_a_lost_point(tmp_path):
     assert "IndexError" in log and "Traceback" in log and "test_sdpa_rows_sum_to_one" in log
     rows = list(csv.DictReader(open(tmp_path / "out" / f"{KEY}_grades.csv")))
     assert rows[0]["status"] == "grader_error"
-    page = (tmp_path / "out" / "feedback" / "alice" / f"{KEY}.html").read_text()
+    page = (tmp_path / "out" / "feedback" / "alice" / KEY / f"{KEY}.html").read_text()
     assert "fault in the grader" in page and "IndexError" not in page
     # Fixed, the rerun regrades it (a grader error is never kept as a finished grade).
     again = run_json("grade", "--assignment", KEY, str(tmp_path / "subs"), "--out", str(tmp_path / "out"))

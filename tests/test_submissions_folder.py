@@ -117,7 +117,7 @@ def test_files_given_directly(tmp_path):
 def test_the_out_folder_inside_the_submissions_is_skipped(tmp_path):
     d = tmp_path / "subs"
     _touch(d / "alice.ipynb")
-    _touch(d / "grading" / "feedback" / "alice" / f"{KEY}.html")
+    _touch(d / "grading" / "feedback" / "alice" / KEY / f"{KEY}.html")
     scan = find_submissions([str(d)], KEY, out=d / "grading")
     assert [f.student for f in scan.found] == ["alice"] and scan.rejected == []
 

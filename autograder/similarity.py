@@ -1,0 +1,842 @@
+"""For the instructor: submissions whose answers equal the reference or each other.
+
+``python -m autograder similarity SUBMISSIONS... --assignment KEY --out DIR`` reads the
+submissions by `grade`'s folder rule (`autograder.submissions`: the same size bound, never
+following a link) and writes DIR/similarity/KEY.txt, .json and .html. The report is for the
+instructor alone: nothing of it reaches a feedback page. A flag is a reason to look at two
+notebooks side by side, not a verdict: the reference is public by design, short answers
+coincide by chance, and a learner who rewrites an answer by hand is not seen.
+
+**Parts and answers.** The exercise's parts are the functions and classes that the learner
+notebook's solution cells define (their stubs: ``softmax``, ``scaled_dot_product_attention``).
+A submission's answer to a part is the definition of that name that the notebook leaves in
+force (the last one, as the grader's worker loads it), together with the learner's own
+top-level helpers and constants it uses, transitively. The code the notebook gives (its
+set-up and import cells, the visible tests, the stubs' signatures and docstrings, their
+``raise NotImplementedError()``) is not an answer: an answer equal to the stub is "not
+answered" and compared with nothing, and the k-grams of the given code are removed from
+every fingerprint set (below), so that everyone sharing the stubs makes no two learners alike.
+
+**Normalisation**, each step because a copier can change it without changing the code:
+
+* comments and docstrings are dropped (parsing drops comments; docstrings are removed from
+  every body): rewording them is the cheapest disguise;
+* names are made canonical: arguments and local variables become ``v0, v1, ...`` in order of
+  first appearance in each top-level definition, the learner's helpers ``h0, h1, ...`` and
+  constants ``g0, ...`` in order of first use from the answer (so reordering the helpers in the
+  file changes nothing). Kept as written: the exercise's names (the stubs, the set-up's
+  imports), builtins, whatever the learner imports, attribute names (``.masked_fill``), method
+  names (``forward``: attributes of the class) and keyword names (``dim=``): they are the
+  library's API, and renaming them would make different library calls look alike;
+* formatting is gone: the normalised tree is written back with ``ast.unparse``, and an answer
+  is the part's definition followed by its helpers in that order. A cell that does not parse
+  (an unclosed bracket, IPython syntax the grader would not run either) is compared as its
+  token stream (`tokenize`, names renamed the same way), which shares k-grams but never
+  equals the parsed form; the report says so.
+
+**Exact matches** compare the normalised answers: a submission equal to the reference in a
+part, and groups of learners whose answers are equal in every part they answered. Parts whose
+answers hold fewer than `MIN_TOKENS` tokens beyond the stubs together (``padding_mask`` is one line
+that many write alike) do not flag a submission.
+
+**Near-duplicates.** Each part's normalised token stream is cut into k-grams (`K` tokens),
+hashed, and winnowed (the minimum of every window of `WINDOW` hashes is kept: Schleimer,
+Wilkerson and Aiken, "Winnowing", SIGMOD 2003, the method of MOSS): any run of K + WINDOW - 1
+equal tokens shares a fingerprint, whatever surrounds it, and reordered statements or helpers
+keep their fingerprints. The k-grams of the given code are removed. Two submissions are
+near-duplicates when the Jaccard similarity of their fingerprint sets (shared over all) is at
+least `THRESHOLD`: symmetric, so an answer padded with unrelated code drops below it, and bounded
+by 1 for identical sets. The threshold is calibrated in tests/test_similarity.py: independent
+implementations of 03_qkv's parts (softmax through exp and sum, through logsumexp, through
+torch.softmax; attention with einsum or matmul) score 0.055-0.088 as whole submissions and at most
+0.23 in one part; the reference against itself with one of the chapter's typical mistakes scores
+0.804-0.976 (03_qkv, 12 mistakes) and 0.643-0.991 (06_transformer, 26; the one below 0.7 is
+still flagged by its parts equal to the reference). 0.7 sits far above the first and below
+nearly all of the second.
+
+**Speed.** Each distinct cell is parsed once and each of its statements walked once (what
+normalising needs is recorded then); normalising renames the parsed tree in place and undoes it
+(no copies), and identical cells, statements and answers are normalised and fingerprinted once
+per report. Parsing and ``ast.unparse`` are then most of the cost. Identical answers are grouped;
+the distinct ones' fingerprints that occur in two or more of them form a 0/1 matrix whose product
+with itself (NumPy) counts every pair's shared fingerprints at once; only the `PAIRS_SHOWN` most
+similar pairs become entries of the report, the rest are counted and grouped. 300 submissions take
+a few seconds (benchmarks/similarity_bench.py; its output is in benchmarks/README.md).
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import gc
+import hashlib
+import html
+import io
+import json
+import keyword
+import os
+import re
+import sys
+import tokenize
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .limits import DEFAULT, Limits
+from .notebook import ParsedNotebook, is_test_cell, read_notebook
+from .text import safe
+from .usage import UsageError, known_assignment
+
+K = 5
+"""Tokens per k-gram: short enough that a one-line answer has a few, long enough that common
+snippets such as ``, dim = - 1 )`` are not alone a match."""
+WINDOW = 4
+"""Winnowing window: a shared run of K + WINDOW - 1 = 8 tokens always shares a fingerprint."""
+THRESHOLD = 0.7
+"""Jaccard similarity from which two submissions (or one and the reference) are near-duplicates;
+calibrated by tests/test_similarity.py (independent implementations below 0.5, disguised copies
+above 0.8)."""
+MIN_TOKENS = 40
+"""Answer tokens (beyond the stubs) that exact matches need to flag a submission: the two one-line masks
+of 03_qkv hold 36 together and are written alike by many; its softmax alone holds 44."""
+MIN_FINGERPRINTS = 8
+"""Fingerprints (after the given code's are removed) a submission needs to be a near-duplicate:
+below that, a Jaccard similarity says nothing."""
+MAX_CODE_CHARS = 200_000
+"""Code in one submission's cells beyond which it is not compared: the answers are a few KB."""
+PAIRS_SHOWN = 500
+"""Near-duplicate pairs listed in the report; the rest are counted (their groups are all listed)."""
+NAME_CHARS = 120
+CELL_CACHE_CHARS = 20_000
+"""Cells up to this size are parsed and normalised once per report, however many learners hand them in."""
+CACHE_CHARS = 2_000_000
+"""Code kept parsed for the whole report, at most (a parsed tree takes some 50 times its text)."""
+
+_MAGIC = re.compile(r"^\s*[%!]|\?\s*$")
+_BUILTINS = frozenset(dir(builtins))
+_REFERENCE = "(reference)"
+
+
+class NotCompared(Exception):
+    """A submission that cannot be compared; the message is the one sentence the report shows."""
+
+
+# --- normalisation --------------------------------------------------------------------------
+
+def _code(source: str) -> str:
+    """A cell's code with IPython's lines (%magic, !shell, name?) blanked: the grader does not run
+    them either, and they would stop the cell from parsing."""
+    return "\n".join("" if _MAGIC.search(line) else line for line in source.splitlines())
+
+
+def _given_statement(stmt: ast.stmt) -> bool:
+    if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str):
+        return True
+    if isinstance(stmt, ast.Raise) and stmt.exc is not None:
+        exc = stmt.exc.func if isinstance(stmt.exc, ast.Call) else stmt.exc
+        return isinstance(exc, ast.Name) and exc.id == "NotImplementedError"
+    return False
+
+
+def _bound_names(stmt: ast.stmt) -> list[str]:
+    """Top-level names a statement defines (def, class, assignment targets)."""
+    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return [stmt.name]
+    targets = []
+    if isinstance(stmt, ast.Assign):
+        targets = stmt.targets
+    elif isinstance(stmt, (ast.AnnAssign, ast.AugAssign)):
+        targets = [stmt.target]
+    out = []
+    for t in targets:
+        out += [n.id for n in ast.walk(t) if isinstance(n, ast.Name)]
+    return out
+
+
+def _imported(tree: ast.AST) -> set[str]:
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            for a in node.names:
+                out.add((a.asname or a.name).split(".")[0])
+    return out
+
+
+_BODIES: dict[type, tuple] = {}  # node type -> its fields that hold statements
+_FIELDS: dict[type, tuple] = {}  # node type -> its fields that may hold nodes
+_RENAMED = (ast.Name, ast.arg, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Global, ast.Nonlocal)
+
+
+@dataclass
+class _Statement:
+    """A top-level statement of a learner's cell, read once (one walk) for every part and copy."""
+
+    code: str                  # the cell's code
+    index: int                 # the statement's place in it
+    node: ast.stmt
+    bound: list                # the names it defines
+    loaded: list               # the names it reads or writes, in order of first appearance
+    idents: frozenset          # every identifier the renaming may touch
+    imported: set              # names its imports bind
+    renamed: list = field(default_factory=list)  # the nodes that carry names, in source order
+    holders: list = field(default_factory=list)  # (node, field) whose statements include a docstring or stub
+    methods: list = field(default_factory=list)  # the methods of its classes (their names are kept)
+
+
+def _children(node: ast.AST, t: type) -> list:
+    """`ast.iter_child_nodes` as a list, without the expression contexts (Load, Store): the walk's
+    inner loop, written out because it is most of the walk's time."""
+    fields = _FIELDS.get(t)
+    if fields is None:
+        fields = _FIELDS[t] = tuple(f for f in t._fields if f != "ctx")
+    out = []
+    for f in fields:
+        v = getattr(node, f, None)
+        if type(v) is list:
+            out.extend(x for x in v if isinstance(x, ast.AST))
+        elif isinstance(v, ast.AST):
+            out.append(v)
+    return out
+
+
+def _statement(code: str, index: int, stmt: ast.stmt) -> _Statement:
+    """Walk a statement once (iteratively: no recursion limit) for what normalising it needs."""
+    out = _Statement(code, index, stmt, _bound_names(stmt), [], frozenset(), set())
+    seen: dict[str, None] = {}
+    idents = set()
+    methods: set[int] = set()
+    stack = [stmt]
+    while stack:
+        node = stack.pop()
+        t = type(node)
+        if t is ast.Name:
+            seen.setdefault(node.id)
+            out.renamed.append(node)
+            continue  # a leaf but for its context
+        if t is ast.Constant:
+            continue
+        if t is ast.ClassDef:
+            methods.update(id(x) for x in node.body if isinstance(x, (ast.FunctionDef, ast.AsyncFunctionDef)))
+        if t is ast.arg:
+            idents.add(node.arg)
+        elif t in (ast.FunctionDef, ast.AsyncFunctionDef) and id(node) in methods:
+            out.methods.append(node)  # a method's name is an attribute: the class's API, kept
+        elif t in (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef):
+            idents.add(node.name)
+        elif t in (ast.Global, ast.Nonlocal):
+            idents.update(node.names)
+        elif t in (ast.Import, ast.ImportFrom):
+            out.imported.update((a.asname or a.name).split(".")[0] for a in node.names)
+        if t in _RENAMED and not (out.methods and out.methods[-1] is node):
+            out.renamed.append(node)
+        bodies = _BODIES.get(t)
+        if bodies is None:
+            bodies = _BODIES[t] = tuple(a for a in ("body", "orelse", "finalbody") if a in t._fields)
+        for attr in bodies:
+            stmts = getattr(node, attr, None)
+            if isinstance(stmts, list) and stmts and isinstance(stmts[0], ast.stmt) \
+                    and any(_given_statement(x) for x in stmts):
+                out.holders.append((node, attr))
+        stack.extend(reversed(_children(node, t)))
+    out.loaded, out.idents = list(seen), frozenset(idents.union(seen))
+    return out
+
+
+def _normalised(st: _Statement, kept: set[str], glob: dict[str, str]) -> str:
+    """One top-level definition without docstrings, type annotations and ``raise NotImplementedError``,
+    with canonical names (globals from `glob`, locals by first appearance), written by ``ast.unparse``.
+
+    The tree is changed in place and restored afterwards (an undo log): a deep copy or a
+    NodeTransformer per part cost most of the report's time, and the same parsed cell serves every
+    part and every identical copy of it. (Names inside a removed statement still take their number:
+    the same for everyone.)"""
+    undo: list[tuple] = []
+    local: dict[str, str] = {}
+
+    def name(n: str) -> str:
+        if n in kept:
+            return n
+        return glob.get(n) or local.setdefault(n, f"v{len(local)}")
+
+    def put(node, attr, value):
+        undo.append((node, attr, getattr(node, attr)))
+        setattr(node, attr, value)
+
+    try:
+        for node, attr in st.holders:
+            left = [x for x in getattr(node, attr) if not _given_statement(x)]
+            put(node, attr, left or ([ast.Pass()] if attr == "body" else []))
+        for node in st.methods:
+            put(node, "returns", None)
+        for node in st.renamed:
+            t = type(node)
+            if t is ast.Name:
+                put(node, "id", name(node.id))
+            elif t is ast.arg:
+                put(node, "arg", name(node.arg))
+                put(node, "annotation", None)
+            elif t is ast.ClassDef:
+                put(node, "name", name(node.name))
+            elif t in (ast.Global, ast.Nonlocal):
+                put(node, "names", [name(n) for n in node.names])
+            else:
+                put(node, "name", name(node.name))
+                put(node, "returns", None)
+        return ast.unparse(st.node)
+    finally:
+        for node, attr, value in reversed(undo):
+            setattr(node, attr, value)
+
+
+def _tokens(text: str, kept: set[str] | None = None, rename: bool = False) -> list[str]:
+    """The token stream of code: comments and blank lines dropped; with `rename`, names that are not
+    kept (nor keywords) renamed by first appearance (the fallback for code that does not parse)."""
+    out, names = [], {}
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+            if tok.type in (tokenize.COMMENT, tokenize.NL, tokenize.ENDMARKER, tokenize.ENCODING):
+                continue
+            s = tok.string
+            if tok.type == tokenize.NAME and rename and not keyword.iskeyword(s) and s not in (kept or ()):
+                prev = out[-1] if out else ""
+                if prev != ".":
+                    s = names.setdefault(s, f"v{len(names)}")
+            elif tok.type == tokenize.INDENT:
+                s = "<indent>"
+            elif tok.type == tokenize.DEDENT:
+                s = "<dedent>"
+            elif tok.type == tokenize.NEWLINE:
+                s = "<nl>"
+            out.append(s)
+    except (tokenize.TokenError, SyntaxError, ValueError):
+        if not rename:
+            raise
+        # what tokenize could not read is compared as words and symbols
+        out += re.findall(r"\w+|[^\w\s]", text[sum(len(t) for t in out):])
+    return out
+
+
+@dataclass
+class Answers:
+    """One submission's normalised answers, part by part."""
+
+    who: str
+    path: str = ""
+    text: dict = field(default_factory=dict)       # part -> normalised code (answered parts only)
+    tokens: dict = field(default_factory=dict)     # part -> answer tokens beyond the stub
+    fingerprints: dict = field(default_factory=dict)  # part -> set of hashes (given code's removed)
+    notes: list = field(default_factory=list)      # "softmax compared as tokens: cell 5 does not parse"
+
+    @property
+    def key(self) -> tuple:
+        return tuple(sorted(self.text.items()))
+
+    def all_fingerprints(self) -> set:
+        return set().union(*self.fingerprints.values()) if self.fingerprints else set()
+
+
+def _hash(part: str, gram: tuple) -> int:
+    return int.from_bytes(hashlib.blake2b("\x00".join((part, *gram)).encode(), digest_size=8).digest(), "big")
+
+
+def kgrams(part: str, tokens: list[str]) -> list[int]:
+    """The hashes of every K-gram of a part's tokens (a shorter stream is one gram)."""
+    if len(tokens) < K:
+        return [_hash(part, tuple(tokens))] if tokens else []
+    return [_hash(part, tuple(tokens[i:i + K])) for i in range(len(tokens) - K + 1)]
+
+
+def winnow(hashes: list[int]) -> set[int]:
+    """The minimum hash of every window of WINDOW consecutive k-gram hashes."""
+    if len(hashes) <= WINDOW:
+        return set(hashes[:1] and [min(hashes)])
+    return {min(hashes[i:i + WINDOW]) for i in range(len(hashes) - WINDOW + 1)}
+
+
+class Exercise:
+    """What the release notebook gives, and the reference's answers: what submissions are compared with."""
+
+    def __init__(self, release: ParsedNotebook, reference_cells: list[dict] | None):
+        self._cells: dict[str, object] = {}   # cell code -> what _parse found
+        self._cached_chars = 0
+        self._texts: dict[tuple, str] = {}    # (cell code, statement, its globals, its kept names) -> normalised
+        self._grams: dict[tuple, tuple] = {}  # (part, normalised text) -> (tokens, fingerprints)
+        self.given_cells = set()
+        self.parts: list[str] = []       # names the solution cells define, in order
+        self.part_cell: dict[str, str] = {}  # part -> grade_id of its solution cell
+        self.kept = set(_BUILTINS)
+        for cell in release.cells:
+            if cell["type"] != "code":
+                continue
+            nbg = cell["metadata"].get("nbgrader") if isinstance(cell["metadata"].get("nbgrader"), dict) else {}
+            try:
+                tree = ast.parse(_code(cell["source"]))
+            except SyntaxError:
+                tree = ast.Module(body=[], type_ignores=[])
+            self.kept |= _imported(tree)
+            if nbg.get("solution"):
+                for stmt in tree.body:
+                    for n in _bound_names(stmt):
+                        if n not in self.parts:
+                            self.parts.append(n)
+                            self.part_cell[n] = nbg.get("grade_id", "")
+            else:
+                self.given_cells.add(cell["source"].strip())
+                if not is_test_cell(cell):  # the visible tests' variables (q, x) are no API
+                    self.kept |= {n for stmt in tree.body for n in _bound_names(stmt)}
+        self.kept |= set(self.parts)
+        stub = self.answers(release, "(release notebook)", stub=True)
+        self.stub_text = stub.text
+        self.stub_tokens = {p: len(_tokens(t)) for p, t in stub.text.items()}
+        self.given_hashes = set()
+        for part, text in stub.text.items():
+            self.given_hashes |= set(kgrams(part, _tokens(text)))
+        self.reference = None
+        if reference_cells is not None:
+            ref = ParsedNotebook(path=Path(_REFERENCE), cells=reference_cells, metadata={})
+            self.reference = self.answers(ref, _REFERENCE)
+
+    def answers(self, nb: ParsedNotebook, who: str, stub: bool = False) -> Answers:
+        """The normalised answers of a notebook (NotCompared when it cannot be compared)."""
+        out = Answers(who, str(nb.path))
+        cells = [c for c in nb.cells if c["type"] == "code" and not is_test_cell(c)
+                 and c["source"].strip() not in self.given_cells]
+        if sum(len(c["source"]) for c in cells) > MAX_CODE_CHARS:
+            raise NotCompared(f"its code cells hold more than {MAX_CODE_CHARS:,} characters")
+        defs: dict[str, _Statement] = {}
+        kept = set(self.kept)
+        unparsed: dict[str, tuple[str, str]] = {}  # grade_id -> (label, source) of solution cells that do not parse
+        for cell in cells:
+            code = _code(cell["source"])
+            parsed = self._parse(code)
+            if isinstance(parsed, str):
+                nbg = cell["metadata"].get("nbgrader") if isinstance(cell["metadata"].get("nbgrader"), dict) else {}
+                gid = nbg.get("grade_id")
+                if isinstance(gid, str) and nbg.get("solution"):
+                    unparsed[gid] = (f"cell {cell['index']}", cell["source"], parsed)
+                else:
+                    out.notes.append(f"cell {cell['index']}: {parsed}; its definitions are not compared")
+                continue
+            imported, stmts = parsed
+            kept |= imported
+            for st in stmts:
+                for n in st.bound:
+                    defs[n] = st  # the last definition is the one in force
+        for part in self.parts:
+            gid = self.part_cell[part]
+            if part not in defs and gid in unparsed:
+                label, source, why = unparsed[gid]
+                toks = _tokens(_code(source), kept, rename=True)
+                out.notes.append(f"{part}: {label} {why}; compared as tokens")
+                self._add(out, part, " ".join(toks), toks, stub)
+                continue
+            if part not in defs:
+                continue
+            try:
+                text = self._normalise(part, defs, kept)
+            except (RecursionError, MemoryError, ValueError):
+                raise NotCompared(f"its answer to {part} is nested too deeply to be compared") from None
+            self._add(out, part, text, None, stub)
+        return out
+
+    def _parse(self, code: str):
+        """A cell's (imported names, [(statement, names bound, names read, identifiers)]), or why it
+        cannot be read; kept for identical cells, which are common in a class (up to `CACHE_CHARS`)."""
+        got = self._cells.get(code)
+        if got is not None:
+            return got
+        try:
+            stmts = [_statement(code, i, stmt) for i, stmt in enumerate(ast.parse(code).body)]
+            got = (set().union(*(st.imported for st in stmts)), stmts)
+        except (RecursionError, MemoryError):
+            got = "it is nested too deeply"
+        except (SyntaxError, ValueError):
+            got = "it does not parse"
+        if len(code) <= CELL_CACHE_CHARS and self._cached_chars + len(code) <= CACHE_CHARS:
+            self._cells[code] = got
+            self._cached_chars += len(code)
+        return got
+
+    def _add(self, out: Answers, part: str, text: str, toks: list[str] | None, stub: bool) -> None:
+        if not stub and text == self.stub_text.get(part):
+            return  # not answered: the stub as given
+        got = self._grams.get((part, text)) if toks is None else None
+        if got is None:
+            toks = _tokens(text) if toks is None else toks
+            got = (len(toks), frozenset(winnow(kgrams(part, toks))))
+            if len(text) <= CELL_CACHE_CHARS:
+                self._grams[(part, text)] = got
+        out.text[part] = text
+        out.tokens[part] = max(got[0] - (0 if stub else self.stub_tokens.get(part, 0)), 0)
+        if not stub:
+            out.fingerprints[part] = got[1] - self.given_hashes
+
+    def _normalise(self, part: str, defs: dict, kept: set[str]) -> str:
+        """The part's definition and the learner's helpers it uses, normalised (see the module's docstring)."""
+        glob: dict[str, str] = {}
+        order, queue, done = [], [part], set()
+        while queue:
+            st = defs[queue.pop(0)]
+            if id(st) in done:
+                continue
+            done.add(id(st))
+            order.append(st)
+            for n in st.loaded:
+                if n in defs and n not in kept and n not in glob:
+                    is_def = isinstance(defs[n].node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                    glob[n] = f"{'h' if is_def else 'g'}{len(glob)}"
+                    queue.append(n)
+        kept = kept | {part}
+        texts = []
+        for st in order:
+            key = (st.code, st.index, tuple(sorted((n, glob[n]) for n in st.idents if n in glob)),
+                   frozenset(st.idents & kept))
+            text = self._texts.get(key)
+            if text is None:
+                text = _normalised(st, kept, glob)
+                if len(st.code) <= CELL_CACHE_CHARS:
+                    self._texts[key] = text
+            texts.append(text)
+        return "\n".join(texts)
+
+
+# --- comparison -----------------------------------------------------------------------------
+
+def jaccard(a: set, b: set) -> float:
+    return len(a & b) / len(a | b) if a or b else 0.0
+
+
+def _shared_counts(sets: list[set]):
+    """The number of fingerprints each pair of `sets` shares, as a NumPy matrix: the fingerprints
+    held by two or more sets are the columns of a 0/1 matrix M, and M @ M.T counts them."""
+    import numpy as np
+
+    seen, common = set(), set()
+    for s in sets:
+        common |= s & seen
+        seen |= s
+    column = {h: i for i, h in enumerate(common)}
+    m = np.zeros((len(sets), max(len(column), 1)), dtype=np.float32)
+    for i, s in enumerate(sets):
+        cols = [column[h] for h in s if h in column]
+        m[i, cols] = 1.0
+    return m @ m.T, np.array([len(s) for s in sets], dtype=np.float64)
+
+
+def _similarities(sets: list[set]):
+    """Jaccard similarity of every pair of `sets` (a NumPy matrix)."""
+    import numpy as np
+
+    shared, sizes = _shared_counts(sets)
+    union = sizes[:, None] + sizes[None, :] - shared
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(union > 0, shared / union, 0.0), sizes
+
+
+def compare(exercise: Exercise, subs: list[Answers]) -> dict:
+    """The report's content: reference matches, identical groups and near-duplicate pairs."""
+    ref = exercise.reference
+    parts = exercise.parts
+    # submissions equal to the reference, part by part
+    reference = []
+    for a in subs:
+        equal = [p for p in parts if ref is not None and p in a.text and a.text[p] == ref.text.get(p)]
+        tokens = sum(a.tokens[p] for p in equal)
+        sim = jaccard(a.all_fingerprints(), ref.all_fingerprints()) if ref is not None else 0.0
+        big = len(a.all_fingerprints()) >= MIN_FINGERPRINTS
+        if (equal and tokens >= MIN_TOKENS) or (big and sim >= THRESHOLD):
+            reference.append({"student": a.who, "equal_parts": equal,
+                              "answered_parts": [p for p in parts if p in a.text],
+                              "identical": bool(a.text) and a.text == {p: ref.text[p] for p in a.text if p in ref.text}
+                              and len(equal) == len(a.text),
+                              "similarity": round(sim, 3)})
+    # identical answers: groups by the whole normalised answer
+    groups: dict[tuple, list[Answers]] = {}
+    for a in subs:
+        if a.text:
+            groups.setdefault(a.key, []).append(a)
+    identical = []
+    for key, members in groups.items():
+        tokens = sum(members[0].tokens.values())
+        if len(members) > 1 and tokens >= MIN_TOKENS:
+            identical.append({"students": sorted(m.who for m in members), "parts": [p for p in parts
+                              if p in members[0].text], "tokens": tokens,
+                              "equals_reference": ref is not None and members[0].text
+                              == {p: ref.text[p] for p in members[0].text if p in ref.text}
+                              and all(p in ref.text for p in members[0].text)})
+    identical.sort(key=lambda g: (-len(g["students"]), g["students"]))
+    # near-duplicates among the distinct answers: every pair is counted and grouped, the first
+    # PAIRS_SHOWN (most similar first) are listed
+    members = list(groups.values())
+    reps = [ms[0] for ms in members]
+    pairs, total = [], 0
+    parent = list(range(len(reps)))
+
+    def find(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    if len(reps) > 1:
+        import numpy as np
+
+        sim, sizes = _similarities([r.all_fingerprints() for r in reps])
+        big = sizes >= MIN_FINGERPRINTS
+        rows, cols = np.nonzero(np.triu((sim >= THRESHOLD) & big[:, None] & big[None, :], 1))
+        for i, j in zip(rows.tolist(), cols.tolist()):
+            parent[find(i)] = find(j)
+        counts = np.array([len(ms) for ms in members])
+        total = int((counts[rows] * counts[cols]).sum())
+        order = sorted(range(len(rows)), key=lambda n: (-sim[rows[n], cols[n]], reps[rows[n]].who, reps[cols[n]].who))
+        for n in order:
+            if len(pairs) >= PAIRS_SHOWN:
+                break
+            i, j = int(rows[n]), int(cols[n])
+            concerned = []
+            for p in parts:
+                if p in reps[i].text and p in reps[j].text:
+                    if reps[i].text[p] == reps[j].text[p] or jaccard(
+                            reps[i].fingerprints.get(p, set()), reps[j].fingerprints.get(p, set())) >= THRESHOLD:
+                        concerned.append(p)
+            for a in members[i]:
+                for b in members[j]:
+                    x, y = sorted((a.who, b.who))
+                    pairs.append({"students": [x, y], "similarity": round(float(sim[i, j]), 3), "parts": concerned})
+    pairs.sort(key=lambda p: (-p["similarity"], p["students"]))
+    pairs = pairs[:PAIRS_SHOWN]
+    # groups: connected components of the near-duplicate pairs (identical answers are one member)
+    components: dict[int, list[int]] = {}
+    for i in range(len(reps)):
+        components.setdefault(find(i), []).append(i)
+    near_groups = [sorted(a.who for i in g for a in members[i]) for g in components.values() if len(g) > 1]
+    return {"reference": sorted(reference, key=lambda r: r["student"]), "identical": identical,
+            "near_pairs": pairs, "near_pairs_total": total,
+            "near_groups": sorted(near_groups, key=lambda g: (-len(g), g))}
+
+
+# --- reading --------------------------------------------------------------------------------
+
+def parse_notebook(raw: bytes, name: str, limits: Limits = DEFAULT) -> ParsedNotebook:
+    """A notebook from the bytes `read_claim` read (the checks of `notebook.read_notebook`, in memory)."""
+    if raw.count(b"[") + raw.count(b"{") > limits.notebook_containers:
+        raise NotCompared("it holds more JSON lists and objects than any notebook")
+    try:
+        nb = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise NotCompared("it is not UTF-8 text, so not a notebook") from None
+    except json.JSONDecodeError as exc:
+        raise NotCompared(f"it is not valid notebook JSON (line {exc.lineno}: {exc.msg})") from None
+    except RecursionError:
+        raise NotCompared("it is nested too deeply to be a notebook") from None
+    if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
+        raise NotCompared("it has no list of cells, so it is not a Jupyter notebook")
+    if len(nb["cells"]) > limits.notebook_cells:
+        raise NotCompared(f"it has more than {limits.notebook_cells} cells")
+    cells = []
+    for i, cell in enumerate(nb["cells"]):
+        if not isinstance(cell, dict) or cell.get("cell_type") not in ("code", "markdown", "raw"):
+            continue
+        src = cell.get("source", "")
+        if isinstance(src, list) and all(isinstance(s, str) for s in src):
+            src = "".join(src)
+        if not isinstance(src, str):
+            continue
+        meta = cell.get("metadata") if isinstance(cell.get("metadata"), dict) else {}
+        cells.append({"index": i + 1, "type": cell["cell_type"], "source": src, "metadata": meta})
+    return ParsedNotebook(path=Path(name), cells=cells, metadata={})
+
+
+def reference_cells(assignment) -> list[dict] | None:
+    """The reference's definitions: the generated reference module (solutions/chKEY.py) as one cell,
+    else the master's code cells with its answers; None where neither can be read."""
+    try:
+        return [{"index": 1, "type": "code", "source": assignment.solutions.read_text(encoding="utf-8"),
+                 "metadata": {}}]
+    except OSError:
+        pass
+    try:
+        from .generate import read_master
+
+        return [{"index": i + 1, "type": c.cell_type, "source": c.source, "metadata": dict(c.metadata)}
+                for i, c in enumerate(read_master(assignment).cells)]
+    except Exception:  # noqa: BLE001 - no reference: the report says so
+        return None
+
+
+def exercise_for(key: str) -> Exercise:
+    assignment = known_assignment(key)
+    return Exercise(read_notebook(assignment.notebook), reference_cells(assignment))
+
+
+def similarity_report(paths: list[str], key: str, out: Path | None = None, limits: Limits = DEFAULT) -> dict:
+    """Read the submissions in `paths` by `grade`'s folder rule and compare them (the JSON report)."""
+    from .submissions import find_submissions, read_claim
+
+    exercise = exercise_for(key)
+    scan = find_submissions(paths, key, limits, out=out)
+    subs, not_compared = [], []
+    for r in scan.rejected:
+        not_compared.append({"student": r.student, "reason": f"{r.path} {r.reason}"})
+    # The cyclic garbage collector would scan the parsed cells kept for the whole report again and
+    # again (a third of the time, measured); parsed trees and notebooks hold no cycles, so reference
+    # counting frees them alone.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        for found in scan.found:
+            who = safe(found.student, NAME_CHARS)
+            if found.claim is None or found.problem:
+                not_compared.append({"student": who, "reason": safe(found.problem, limits.error_chars)})
+                continue
+            got = read_claim(found.claim, limits.notebook_bytes)
+            if got.data is None:
+                not_compared.append({"student": who, "reason": f"{safe(str(found.claim.path), limits.path_chars)} "
+                                     f"{got.problem}"})
+                continue
+            try:
+                nb = parse_notebook(got.data, str(found.claim.path), limits)
+                answers = exercise.answers(nb, who)
+            except NotCompared as exc:
+                not_compared.append({"student": who, "reason": str(exc)})
+                continue
+            if not answers.text:
+                not_compared.append({"student": who, "reason": "it answers no part (every answer is the stub as given)"})
+                continue
+            answers.path = safe(str(found.claim.path), limits.path_chars)
+            subs.append(answers)
+    finally:
+        if collecting:
+            gc.enable()
+    found = compare(exercise, subs)
+    return {
+        "assignment": key, "compared": len(subs), "parts": exercise.parts,
+        "method": {"k": K, "window": WINDOW, "threshold": THRESHOLD, "min_tokens": MIN_TOKENS,
+                   "measure": "Jaccard similarity of winnowed k-gram fingerprints of the normalised answers"},
+        "reference_available": exercise.reference is not None,
+        **found,
+        "notes": [{"student": a.who, "note": safe(n, limits.note_chars)} for a in subs for n in a.notes],
+        "not_compared": not_compared,
+        "not_compared_total": len(not_compared) + max(scan.rejected_total - len(scan.rejected), 0),
+    }
+
+
+# --- the report -----------------------------------------------------------------------------
+
+def summary(report: dict) -> str:
+    ident = report["identical"]
+    return (f"similarity {report['assignment']}: {report['compared']} submissions compared"
+            f" ({report['not_compared_total']} not compared): {len(report['reference'])} equal or near to the "
+            f"reference, {len(ident)} groups of identical answers ({sum(len(g['students']) for g in ident)} "
+            f"submissions), {report['near_pairs_total']} near-duplicate pairs (Jaccard >= {THRESHOLD})")
+
+
+def _parts(parts: list[str]) -> str:
+    return ", ".join(parts) if parts else "none"
+
+
+def report_text(report: dict) -> str:
+    lines = [summary(report), "",
+             "For the instructor only. A flag is a reason to look at the notebooks, not a verdict: the "
+             "reference is public, and short answers coincide by chance.", ""]
+    if not report["reference_available"]:
+        lines.append("The reference could not be read: nothing was compared with it.")
+    lines.append("Equal or near to the reference:")
+    for r in report["reference"]:
+        what = "identical in every answered part" if r["identical"] else f"equal in {_parts(r['equal_parts'])}"
+        lines.append(f"  {r['student']}: {what}; similarity {r['similarity']:.2f}")
+    lines.append("Identical answers (groups):")
+    for g in report["identical"]:
+        ref = " (= the reference)" if g["equals_reference"] else ""
+        lines.append(f"  {', '.join(g['students'])}: parts {_parts(g['parts'])}, {g['tokens']} tokens{ref}")
+    lines.append("Near-duplicates (pairs):")
+    for p in report["near_pairs"]:
+        lines.append(f"  {p['students'][0]} ~ {p['students'][1]}: similarity {p['similarity']:.2f}, "
+                     f"parts {_parts(p['parts'])}")
+    if report["near_pairs_total"] > len(report["near_pairs"]):
+        lines.append(f"  … {report['near_pairs_total'] - len(report['near_pairs']):,} more pairs (see the groups)")
+    lines.append("Near-duplicate groups:")
+    for g in report["near_groups"]:
+        lines.append(f"  {', '.join(g)}")
+    for n in report["notes"]:
+        lines.append(f"note: {n['student']}: {n['note']}")
+    for n in report["not_compared"]:
+        lines.append(f"not compared: {n['student'] or '-'}: {n['reason']}")
+    return "\n".join(safe(line, 4000) for line in lines) + "\n"
+
+
+def report_html(report: dict) -> str:
+    """The report as a page; every learner text is `safe` and HTML-escaped."""
+    def e(x) -> str:
+        return html.escape(safe(str(x), 4000))
+
+    def table(head, rows) -> str:
+        if not rows:
+            return "<p>None.</p>"
+        out = ["<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in head) + "</tr>"]
+        out += ["<tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>" for row in rows]
+        return "\n".join(out) + "</table>"
+
+    r = report
+    body = [f"<h1>Similar submissions: {e(r['assignment'])}</h1>", f"<p>{e(summary(r))}</p>",
+            "<p>For the instructor only. A flag is a reason to look at the notebooks, not a verdict: the reference "
+            "is public, and short answers coincide by chance.</p>",
+            "<h2>Equal or near to the reference</h2>",
+            table(("student", "equal parts", "identical", "similarity"),
+                  [(x["student"], _parts(x["equal_parts"]), "yes" if x["identical"] else "no",
+                    f"{x['similarity']:.2f}") for x in r["reference"]]),
+            "<h2>Identical answers</h2>",
+            table(("students", "parts", "tokens", "equal to the reference"),
+                  [(", ".join(g["students"]), _parts(g["parts"]), g["tokens"], "yes" if g["equals_reference"] else "no")
+                   for g in r["identical"]]),
+            "<h2>Near-duplicates</h2>",
+            table(("student", "student", "similarity", "parts"),
+                  [(p["students"][0], p["students"][1], f"{p['similarity']:.2f}", _parts(p["parts"]))
+                   for p in r["near_pairs"]]),
+            (f"<p>… {r['near_pairs_total'] - len(r['near_pairs']):,} more pairs (see the groups)</p>"
+             if r["near_pairs_total"] > len(r["near_pairs"]) else ""),
+            "<h2>Near-duplicate groups</h2>", table(("students",), [(", ".join(g),) for g in r["near_groups"]]),
+            "<h2>Notes and submissions not compared</h2>",
+            table(("student", "note"), [(n["student"], n["note"]) for n in r["notes"]]
+                  + [(n["student"] or "-", "not compared: " + n["reason"]) for n in r["not_compared"]])]
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'\">"
+            f"<title>Similar submissions: {e(r['assignment'])}</title>"
+            "<style>body{font-family:sans-serif;max-width:60em;margin:2em auto}td,th{border:1px solid #ccc;"
+            "padding:.2em .5em;text-align:left}table{border-collapse:collapse}</style></head><body>\n"
+            + "\n".join(body) + "\n</body></html>\n")
+
+
+def write_report(report: dict, out: Path) -> Path:
+    """DIR/similarity/KEY.{txt,json,html}; returns the HTML page's path."""
+    folder = Path(out) / "similarity"
+    folder.mkdir(parents=True, exist_ok=True)
+    key = report["assignment"]
+    (folder / f"{key}.json").write_text(json.dumps(report, indent=1, ensure_ascii=True) + "\n", encoding="utf-8")
+    (folder / f"{key}.txt").write_text(report_text(report), encoding="utf-8")
+    page = folder / f"{key}.html"
+    page.write_text(report_html(report), encoding="utf-8")
+    return page
+
+
+def similarity_command(args) -> int:
+    out = Path(args.out)
+    known_assignment(args.assignment)
+    missing = [p for p in args.submissions if not os.path.lexists(p)]
+    if missing:
+        raise UsageError(f"{safe(missing[0], 300)} does not exist")
+    report = similarity_report(args.submissions, args.assignment, out=out)
+    try:
+        page = write_report(report, out)
+    except OSError as exc:
+        raise UsageError(f"cannot write the report into {safe(str(out), 300)}: {exc.strerror}") from None
+    if args.json:
+        json.dump(report, sys.stdout, indent=1, ensure_ascii=True)
+        print()
+    else:
+        print(summary(report) + f"; report: {page}")
+    return 0
+
+
+__all__ = ["K", "WINDOW", "THRESHOLD", "MIN_TOKENS", "Exercise", "Answers", "NotCompared", "compare",
+           "exercise_for", "parse_notebook", "similarity_report", "write_report", "similarity_command",
+           "report_text", "report_html", "jaccard", "kgrams", "winnow"]

@@ -1,0 +1,318 @@
+"""The similarity report: what it flags (copies of the reference or of each other, disguised), what it
+does not (independent implementations), hostile notebooks, and the command line."""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+
+import pytest
+
+from autograder.assignments import get_assignment
+from autograder.similarity import THRESHOLD, Exercise, compare, exercise_for, jaccard, parse_notebook, report_html
+from chapters.ch03_qkv import MISTAKES
+from conftest import run_cli
+
+KEY = "03_qkv"
+PARTS = {"softmax": ("softmax",), "attention_numpy": ("attention_numpy",),
+         "scaled_dot_product_attention": ("scaled_dot_product_attention",), "masks": ("padding_mask", "causal_mask")}
+
+
+@pytest.fixture(scope="module")
+def exercise() -> Exercise:
+    return exercise_for(KEY)
+
+
+def reference_answers() -> dict[str, str]:
+    """grade_id -> the reference's code of that solution cell (from solutions/ch03_qkv.py)."""
+    text = get_assignment(KEY).solutions.read_text()
+    defs = {n.name: ast.get_source_segment(text, n) for n in ast.parse(text).body if isinstance(n, ast.FunctionDef)}
+    return {gid: "\n\n\n".join(defs[n] for n in names) for gid, names in PARTS.items()}
+
+
+def notebook(answers: dict[str, str], extra: tuple[str, ...] = (), name: str = "learner.ipynb"):
+    """The learner notebook with its solution cells replaced by `answers` (grade_id -> code) and
+    `extra` cells of the learner's own appended, as the report reads it."""
+    nb = json.loads(get_assignment(KEY).notebook.read_text())
+    for cell in nb["cells"]:
+        gid = cell["metadata"].get("nbgrader", {}).get("grade_id")
+        if gid in answers:
+            cell["source"] = answers[gid]
+    nb["cells"] += [{"cell_type": "code", "metadata": {}, "source": src, "outputs": [], "execution_count": None}
+                    for src in extra]
+    return parse_notebook(json.dumps(nb).encode(), name)
+
+
+def disguise(code: str, names: dict[str, str]) -> str:
+    """A copy as a copier makes it: locals renamed, comments and docstrings reworded, reformatted."""
+    for old, new in names.items():
+        code = re.sub(rf"\b{old}\b", new, code)
+    code = re.sub(r"#.*", "# my own reasoning here", code)
+    code = re.sub(r'"""[^"]*"""', '"""I wrote this myself."""', code)
+    return code.replace(" / ", "/").replace(", ", ",").replace(" @ ", "@")
+
+
+RENAMES = {"scores": "s", "weights": "attn", "shifted": "z", "e": "ex", "d_k": "dim"}
+
+# Independent implementations: the same parts written another way (the false-positive side).
+LOGSUMEXP = {
+    "softmax": "def softmax(x, axis=-1):\n    m = x.max(axis=axis, keepdims=True)\n"
+               "    lse = m + np.log(np.exp(x - m).sum(axis=axis, keepdims=True))\n    return np.exp(x - lse)\n",
+    "attention_numpy": "def attention_numpy(q, k, v, mask=None):\n"
+                       "    logits = np.einsum('...qd,...kd->...qk', q, k) * q.shape[-1] ** -0.5\n"
+                       "    if mask is not None:\n        logits = np.where(mask, logits, -np.inf)\n"
+                       "    p = softmax(logits)\n    return np.einsum('...qk,...kd->...qd', p, v), p\n",
+    "scaled_dot_product_attention":
+        "def scaled_dot_product_attention(q, k, v, mask=None, dropout_p=0.0):\n"
+        "    logits = torch.einsum('...qd,...kd->...qk', q, k) * q.shape[-1] ** -0.5\n"
+        "    if mask is None:\n        p = logits.softmax(-1)\n    else:\n"
+        "        logits = torch.where(mask, logits, torch.full_like(logits, torch.finfo(logits.dtype).min))\n"
+        "        p = torch.where(mask, logits.softmax(-1), torch.zeros_like(logits))\n"
+        "    p = F.dropout(p, dropout_p) if dropout_p else p\n"
+        "    return torch.einsum('...qk,...kd->...qd', p, v), p\n",
+    "masks": "def padding_mask(tokens, pad_id=0):\n    return tokens.ne(pad_id).unsqueeze(1).unsqueeze(2)\n\n\n"
+             "def causal_mask(size, device=None):\n    i = torch.arange(size, device=device)\n"
+             "    return i[:, None] >= i[None, :]\n",
+}
+THROUGH_TORCH = {
+    "softmax": "def softmax(x, axis=-1):\n    return torch.softmax(torch.from_numpy(np.asarray(x)), dim=axis).numpy()\n",
+    "attention_numpy": "def attention_numpy(q, k, v, mask=None):\n    out = []\n"
+                       "    a = np.matmul(q, np.moveaxis(k, -1, -2))\n    a = a / math.sqrt(k.shape[-1])\n"
+                       "    if mask is not None:\n        a[..., ~np.broadcast_to(mask, a.shape)] = -np.inf\n"
+                       "    w = softmax(a)\n    return np.matmul(w, v), w\n",
+    "scaled_dot_product_attention":
+        "def scaled_dot_product_attention(q, k, v, mask=None, dropout_p=0.0):\n"
+        "    a = torch.matmul(q, k.mT).div(q.shape[-1] ** 0.5)\n"
+        "    if mask is not None:\n        a = a.masked_fill(mask.logical_not(), float('-inf'))\n"
+        "    w = torch.nan_to_num(torch.softmax(a, -1), nan=0.0)\n"
+        "    if dropout_p > 0:\n        w = F.dropout(w, dropout_p, training=True)\n    return torch.matmul(w, v), w\n",
+    "masks": "def padding_mask(tokens, pad_id=0):\n    return (tokens != pad_id).view(tokens.shape[0], 1, 1, -1)\n\n\n"
+             "def causal_mask(size, device=None):\n    return ~torch.triu(torch.ones(size, size, device=device), 1).bool()\n",
+}
+
+
+def with_mistake(answers: dict[str, str], edits) -> dict[str, str]:
+    out = dict(answers)
+    for old, new in edits:
+        hits = [gid for gid, src in out.items() if old in src]
+        assert hits, old
+        out = {gid: src.replace(old, new) for gid, src in out.items()}
+    return out
+
+
+def test_independent_implementations_stay_below_half(exercise):
+    """Are three implementations written independently, part by part, far below the threshold?"""
+    subs = [exercise.answers(notebook(a), who) for who, a in
+            (("ref", reference_answers()), ("lse", LOGSUMEXP), ("torch", THROUGH_TORCH))]
+    worst = 0.0
+    for i in range(3):
+        for j in range(i + 1, 3):
+            worst = max(worst, jaccard(subs[i].all_fingerprints(), subs[j].all_fingerprints()))
+            for part in subs[i].fingerprints:
+                assert jaccard(subs[i].fingerprints[part], subs[j].fingerprints[part]) < 0.5, (i, j, part)
+    assert worst < 0.5
+    report = compare(exercise, subs[1:])
+    assert report["reference"] == [] and report["identical"] == [] and report["near_pairs"] == []
+
+
+@pytest.mark.parametrize("mistake", [m for m in MISTAKES if MISTAKES[m].edits])
+def test_disguised_copies_of_a_mistake_are_flagged(exercise, mistake):
+    """Is a renamed, re-commented, reformatted copy of a learner's answer (the reference with one of
+    the chapter's typical mistakes) identical after normalisation, and a near-duplicate of the reference?"""
+    original = with_mistake(reference_answers(), MISTAKES[mistake].edits)
+    copy = {gid: disguise(src, RENAMES) for gid, src in original.items()}
+    a, b = exercise.answers(notebook(original), "a"), exercise.answers(notebook(copy), "b")
+    assert a.text == b.text
+    assert jaccard(a.all_fingerprints(), exercise.reference.all_fingerprints()) > 0.8
+    report = compare(exercise, [a, b])
+    assert report["identical"][0]["students"] == ["a", "b"]
+    assert {r["student"] for r in report["reference"]} == {"a", "b"}
+
+
+def test_reordered_helpers_and_a_second_edit_are_near_duplicates(exercise):
+    """A copy whose helper is renamed and moved, with one more statement, is a near-duplicate (not identical)
+    in the part concerned only; the reference is flagged as identical for the untouched one."""
+    ref = reference_answers()
+    fill = "scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)"
+    one = dict(ref, scaled_dot_product_attention=ref["scaled_dot_product_attention"].replace(
+        fill, "scores = scores.masked_fill(~mask, lowest(scores))"))
+    other = dict(one, scaled_dot_product_attention=disguise(one["scaled_dot_product_attention"].replace(
+        "lowest", "_fill_value"), RENAMES).replace("return", "attn = attn.contiguous()\n    return"))
+    helper = "def lowest(t):\n    return torch.finfo(t.dtype).min\n"
+    a = exercise.answers(notebook(one, extra=(helper,)), "a")
+    b = exercise.answers(notebook(dict(other, softmax=helper.replace("lowest", "_fill_value") + "\n\n" + ref["softmax"])),
+                         "b")
+    assert a.text["scaled_dot_product_attention"] != b.text["scaled_dot_product_attention"]
+    report = compare(exercise, [a, b])
+    assert report["identical"] == []
+    [pair] = report["near_pairs"]
+    assert pair["students"] == ["a", "b"] and pair["similarity"] >= THRESHOLD
+    assert "scaled_dot_product_attention" not in pair["parts"] or pair["similarity"] < 1
+    assert set(pair["parts"]) >= {"softmax", "attention_numpy", "causal_mask"}
+
+
+def test_stub_and_given_code_make_no_match(exercise):
+    """Do two untouched notebooks, or two that only copy the visible tests into a cell, match nothing?"""
+    visible = "x = np.array([[1.0, 2.0, 3.0], [1.0, 1.0, 1.0]])\np = softmax(x)\nassert p.shape == x.shape\n"
+    untouched = [exercise.answers(notebook({}, extra=(visible,), name=f"{w}.ipynb"), w) for w in "ab"]
+    assert all(not a.text for a in untouched)
+    half = {"softmax": reference_answers()["softmax"]}
+    subs = [exercise.answers(notebook(half), w) for w in "ab"]
+    report = compare(exercise, subs)
+    # the softmax alone is 44 tokens beyond the stub: equal to the reference, flagged
+    assert report["identical"][0]["parts"] == ["softmax"]
+    only_masks = [exercise.answers(notebook({"masks": reference_answers()["masks"]}), w) for w in "ab"]
+    assert compare(exercise, only_masks)["reference"] == []  # one-liners coincide by chance
+
+
+def test_hostile_cells_become_notes(exercise):
+    """Does code that does not parse, or nests too deeply, give a note and tokens, never a crash?"""
+    ref = reference_answers()
+    broken = dict(ref, softmax=ref["softmax"] + "\n    return (((")
+    a = exercise.answers(notebook(broken, extra=("x = " + "-" * 100_000 + "1",)), "a")
+    assert any("softmax" in n and "compared as tokens" in n for n in a.notes)
+    assert any("nested too deeply" in n for n in a.notes)
+    assert a.fingerprints["softmax"]
+    from autograder.similarity import NotCompared
+    deep = exercise.answers(notebook(dict(ref, softmax="def softmax(x, axis=-1):\n    return " + "x+" * 50_000 + "x\n")),
+                            "b")
+    assert any("softmax" in n and "nested too deeply; compared as tokens" in n for n in deep.notes)
+    with pytest.raises(NotCompared, match="not valid notebook JSON"):
+        parse_notebook(b'{"cells": [', "c.ipynb")
+    with pytest.raises(NotCompared, match="more than"):
+        exercise.answers(notebook(dict(ref, softmax="x = 1\n" * 40_000)), "d")
+
+
+def test_command_line_report(tmp_path):
+    """Does the command read a folder by grade's rule and write the three files, escaping learner text?"""
+    subs = tmp_path / "submitted"
+    subs.mkdir()
+    ref = reference_answers()
+    copies = {"alice": ref, "bob": {g: disguise(s, RENAMES) for g, s in ref.items()}, "carol": LOGSUMEXP}
+    for who, answers in copies.items():
+        nb = json.loads(get_assignment(KEY).notebook.read_text())
+        for cell in nb["cells"]:
+            gid = cell["metadata"].get("nbgrader", {}).get("grade_id")
+            cell["source"] = answers.get(gid, cell["source"])
+        (subs / who).mkdir()
+        (subs / who / f"{KEY}.ipynb").write_text(json.dumps(nb))
+    (subs / "dave.ipynb").write_text("{not json")
+    (subs / "<script>x.ipynb").write_text("{}")
+    out = tmp_path / "grading"
+    proc = run_cli("similarity", str(subs), "--assignment", KEY, "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "3 submissions compared" in proc.stdout and "1 groups of identical answers (2 submissions)" in proc.stdout
+    report = json.loads((out / "similarity" / f"{KEY}.json").read_text())
+    assert report["identical"][0]["students"] == ["alice", "bob"] and report["identical"][0]["equals_reference"]
+    assert {r["student"] for r in report["reference"]} == {"alice", "bob"}
+    reasons = " ".join(n["reason"] for n in report["not_compared"])
+    assert "dave" in json.dumps(report["not_compared"]) and "not valid notebook JSON" in reasons
+    page = (out / "similarity" / f"{KEY}.html").read_text()
+    assert "<script>" not in page and "&lt;script&gt;" in page
+    assert "not compared" in (out / "similarity" / f"{KEY}.txt").read_text()
+    assert not (out / "feedback").exists()
+
+
+def test_html_escapes_every_field():
+    """Is a learner's text in any field of the report escaped in the page?"""
+    evil = "<img src=x onerror=alert(1)>"
+    report = {"assignment": KEY, "compared": 1, "not_compared_total": 1, "reference": [], "identical": [],
+              "near_pairs": [], "near_pairs_total": 0, "near_groups": [[evil]], "reference_available": True,
+              "notes": [{"student": evil, "note": evil}], "not_compared": [{"student": evil, "reason": evil}]}
+    page = report_html(report)
+    assert "<img" not in page and page.count("&lt;img") == 5
+
+
+def test_helpers_of_several_statements_are_followed_and_renamed(exercise):
+    """Is a softmax that leans on two helpers and a constant, spread over cells in another order with
+    other names, identical to the original, and different once a helper's body changes?"""
+    softmax = "def softmax(x, axis=-1):\n    return _normalise(_shifted_exp(x, axis), axis)\n"
+    helpers = ("EPS = 0.0\n",
+               "def _shifted_exp(x, axis):\n    top = x.max(axis=axis, keepdims=True)\n    return np.exp(x - top) + EPS\n",
+               "def _normalise(e, axis):\n    return e / e.sum(axis=axis, keepdims=True)\n")
+    renames = {"_shifted_exp": "expo", "_normalise": "scale_rows", "EPS": "TINY", "top": "m"}
+    copy = [disguise(src, renames) for src in helpers]
+    a = exercise.answers(notebook({"softmax": softmax}, extra=helpers), "a")
+    b = exercise.answers(notebook({"softmax": disguise(softmax, renames)}, extra=tuple(reversed(copy))), "b")
+    assert a.text["softmax"] == b.text["softmax"]
+    assert a.text["softmax"].count("\n") >= 5 and "h0" in a.text["softmax"] and "g" in a.text["softmax"]
+    changed = exercise.answers(notebook({"softmax": softmax}, extra=helpers[:2] + (
+        "def _normalise(e, axis):\n    return e / np.sum(e, axis, keepdims=True)\n",)), "c")
+    assert changed.text["softmax"] != a.text["softmax"]
+    # a learner's helper that is never used by an answer is not part of it
+    idle = exercise.answers(notebook({"softmax": softmax}, extra=helpers + ("def unused():\n    return 1\n",)), "d")
+    assert idle.text == a.text
+
+
+@pytest.fixture(scope="module")
+def transformer():
+    from autograder.generate import read_master
+
+    key = "06_transformer"
+    answers = {c.metadata["nbgrader"]["grade_id"]: c.source for c in read_master(get_assignment(key)).cells
+               if c.metadata.get("nbgrader", {}).get("solution")}
+    return exercise_for(key), answers
+
+
+def transformer_notebook(answers: dict[str, str], name: str):
+    nb = json.loads(get_assignment("06_transformer").notebook.read_text())
+    for cell in nb["cells"]:
+        cell["source"] = answers.get(cell["metadata"].get("nbgrader", {}).get("grade_id"), cell["source"])
+    return parse_notebook(json.dumps(nb).encode(), name)
+
+
+def test_class_parts_of_chapter_06(transformer):
+    """Are the classes of 06_transformer compared method by method: a copy with renamed locals and
+    new comments identical to the reference, and one typical mistake a near-duplicate, not identical?"""
+    from chapters.ch06_transformer import MISTAKES as MISTAKES_06
+
+    exercise, answers = transformer
+    assert {"LayerNorm", "EncoderLayer", "Transformer"} <= set(exercise.parts)
+    stored = {n.id for src in answers.values() for n in ast.walk(ast.parse(src))
+              if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    # locals only: never a name also written as an attribute or a keyword
+    stored = {n for n in stored if not any(re.search(rf"\.{n}\b|\b{n}=(?!=)", src) for src in answers.values())}
+    assert len(stored) >= 5
+    copy = {gid: disguise(src, {n: f"my_{n}" for n in stored}) for gid, src in answers.items()}
+    a = exercise.answers(transformer_notebook(copy, "a.ipynb"), "a")
+    assert set(a.text) == set(exercise.parts) and a.text == exercise.reference.text
+    mistake = next(m for m in MISTAKES_06.values() if m.edits)
+    b = exercise.answers(transformer_notebook(with_mistake(answers, mistake.edits), "b.ipynb"), "b")
+    report = compare(exercise, [a, b])
+    assert report["identical"] == []
+    [pair] = report["near_pairs"]
+    assert THRESHOLD <= pair["similarity"] < 1
+    assert {r["student"]: r["identical"] for r in report["reference"]} == {"a": True, "b": False}
+
+
+def test_a_tree_too_deep_to_rewrite_is_not_compared(exercise):
+    """Does an answer that parses but is too deep for ast.unparse make the submission "not compared"
+    (one sentence), while the tree stays usable for the next learner?"""
+    from autograder.similarity import NotCompared
+
+    deep = "def softmax(x, axis=-1):\n    return " + "x+" * 800 + "x\n"
+    ast.parse(deep)  # it parses: only the rewriting is too deep
+    with pytest.raises(NotCompared, match="answer to softmax is nested too deeply to be compared"):
+        exercise.answers(notebook({"softmax": deep}), "a")
+    assert exercise.answers(notebook(reference_answers()), "b").text == exercise.reference.text
+
+
+def test_command_line_json(tmp_path):
+    """Does --json print the report itself (the same as the file), and is the count of pairs kept
+    beyond the pairs listed?"""
+    subs = tmp_path / "submitted"
+    subs.mkdir()
+    ref = reference_answers()
+    for who, answers in {"ann": ref, "ben": {g: disguise(s, RENAMES) for g, s in ref.items()}}.items():
+        nb = json.loads(get_assignment(KEY).notebook.read_text())
+        for cell in nb["cells"]:
+            cell["source"] = answers.get(cell["metadata"].get("nbgrader", {}).get("grade_id"), cell["source"])
+        (subs / f"{who}.ipynb").write_text(json.dumps(nb))
+    out = tmp_path / "grading"
+    proc = run_cli("similarity", str(subs), "--assignment", KEY, "--out", str(out), "--json")
+    assert proc.returncode == 0, proc.stderr
+    printed = json.loads(proc.stdout)
+    assert printed == json.loads((out / "similarity" / f"{KEY}.json").read_text())
+    assert printed["compared"] == 2 and printed["identical"][0]["students"] == ["ann", "ben"]
+    assert printed["near_pairs_total"] == len(printed["near_pairs"])
