@@ -825,6 +825,9 @@ def similarity_command(args) -> int:
     if missing:
         raise UsageError(f"{safe(missing[0], 300)} does not exist")
     report = similarity_report(args.submissions, args.assignment, out=out)
+    if not report["compared"] and not report["not_compared_total"]:  # as `grade`: nothing found is a usage error
+        given = " ".join(safe(p, 300) for p in args.submissions)
+        raise UsageError(f"no notebooks to compare found in {given}")
     try:
         page = write_report(report, out)
     except OSError as exc:

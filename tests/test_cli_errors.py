@@ -36,6 +36,9 @@ def _usage_error(capsys, argv: list[str]) -> str:
     ["seeds", "03_qkv", "99_nope", "--table-only"],
     ["check", "NOTEBOOK", "--assignment", "99_nope"],
     ["grade", "FOLDER", "--assignment", "99_nope", "--out", "OUT"],
+    ["export", "--assignment", "99_nope", "--out", "OUT"],
+    ["release", "99_nope", "--out", "OUT"],
+    ["similarity", "FOLDER", "--assignment", "99_nope", "--out", "OUT"],
 ])
 def test_an_unknown_exercise_key(argv, capsys, tmp_path):
     """Does every subcommand say which keys exist, with exit 2, for a key that does not?"""
@@ -48,7 +51,7 @@ def test_an_unknown_exercise_key(argv, capsys, tmp_path):
 
 
 def test_a_missing_file_or_folder(capsys, tmp_path):
-    """Do `check` and `grade` name the path that is not there, with exit 2?"""
+    """Do `check`, `grade`, `similarity` and `export` name the path that is not there or holds nothing to act on, with exit 2?"""
     line = _usage_error(capsys, ["check", str(tmp_path / "missing.ipynb")])
     assert line.startswith("error: no such file: ") and "missing.ipynb" in line
     line = _usage_error(capsys, ["check", str(tmp_path)])
@@ -62,6 +65,11 @@ def test_a_missing_file_or_folder(capsys, tmp_path):
     assert line.startswith("error: no such file or folder: ") and "nowhere" in line
     line = _usage_error(capsys, ["grade", str(tmp_path), "--assignment", "03_qkv", "--out", str(tmp_path / "out")])
     assert line.startswith("error: no notebooks to grade found in ")
+    line = _usage_error(capsys, ["similarity", str(tmp_path), "--assignment", "03_qkv", "--out", str(tmp_path / "out")])
+    assert line.startswith("error: no notebooks to compare found in ")
+    line = _usage_error(capsys, ["export", "--assignment", "03_qkv", "--out", str(tmp_path / "out")])
+    assert line.startswith("error: ") and "has no gradebook.db" in line
+    assert not (tmp_path / "out").exists()  # nothing was written
 
 
 @pytest.mark.parametrize("argv, words", [
