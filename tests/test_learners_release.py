@@ -161,6 +161,18 @@ def test_the_release_site_points_at_the_learners_repository(released):
 
 
 @pytest.mark.slow
+def test_the_release_site_does_not_offer_check(released):
+    """Does the learners' home page drop `check()` and the instructors' command (which hold only where the hidden
+    tests are), while the course's own build keeps them?"""
+    dest, _ = released
+    page = "book/intro.html"
+    ours, theirs = (ROOT / "_build" / "html" / page).read_text(), (dest / "site" / page).read_text()
+    for words in ("Check your notebook before you hand it in", "Instructors grade a set of submitted notebooks"):
+        assert words in ours and words not in theirs, words
+    assert "your instructor grades with hidden ones" in theirs and "grades with hidden ones" not in ours
+
+
+@pytest.mark.slow
 def test_every_exercise_notebook_is_released_and_opens(released):
     dest, _ = released
     for a in all_assignments():

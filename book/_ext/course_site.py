@@ -13,6 +13,11 @@ Explorable attention maps (solutions/attention_explorer.py writes them into the 
 come alive with static/attention-explorer.js and its stylesheet, both served from the
 site itself, so they work offline.
 
+The learners' release (`python -m autograder release --learners`) builds the book with
+`course_learners_release: true` among Sphinx's settings; this sets the tag
+`learners_release`, so a page keeps text that only holds where the hidden tests exist
+(`check()`, the instructors' commands) inside ```{only} not learners_release``` blocks.
+
 Two fixes for the theme, found by tests/test_browser.py: long inline code may break on a
 phone (static/course.css), and a script that sphinx-thebe adds twice (a console error,
 "THEBE_JS_URL has already been declared") is written once.
@@ -128,7 +133,14 @@ def copy_notebooks(app, exc):
             shutil.copy2(Path(app.srcdir) / "exercises" / f"{key}.ipynb", out / f"{key}.ipynb")
 
 
+def tag_learners_release(app, config):
+    if config.course_learners_release:
+        app.tags.add("learners_release")
+
+
 def setup(app):
+    app.add_config_value("course_learners_release", False, "env")
+    app.connect("config-inited", tag_learners_release)
     app.connect("builder-inited", add_static)
     app.add_css_file("course.css")
     app.add_css_file("attention-explorer.css")
