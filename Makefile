@@ -20,18 +20,29 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PY) -m pip install --quiet -r requirements.txt
 	touch $@
 
+# jupyter-book's build, with two pages executing at once (book/_ext/build_book.py; BOOK_JOBS=1 builds
+# one page at a time, as plain `jupyter-book build . -W -n --keep-going` does).
+BOOK_JOBS ?= 2
+
 book: install
-	jupyter-book build . -W -n --keep-going
+	$(PY) book/_ext/build_book.py --jobs $(BOOK_JOBS) -- . -W -n --keep-going
 
 # The browser tests (tests/test_browser.py) read the built site: build it first. With the
 # execution cache an up-to-date book rebuilds in seconds.
+# The suite runs on TEST_WORKERS xdist workers, each taking a group of tests at a time (the
+# tests that share a fixture run together; tests/conftest.py). TEST_WORKERS=0 runs everything
+# in one process. (Three workers on two cores were no faster, and pushed notebooks of the
+# chapter harness and the adversarial batch past their time limits.) `python benchmarks/suite_time.py` runs the same and says where the time goes.
+TEST_WORKERS ?= 2
+PYTEST_PARALLEL = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder)
+
 test: install check-generated book
-	$(PY) -m pytest --durations=25
+	$(PY) -m pytest $(PYTEST_PARALLEL) --durations=25
 
 # The tests not marked slow (see tests/conftest.py): no book, no browser, no end-to-end batch,
-# no mutants or seeds graded; a few minutes on 2 cores.
+# no mutants or seeds graded; about a minute on 2 cores.
 test-fast: install
-	$(PY) -m pytest -m "not slow"
+	$(PY) -m pytest $(PYTEST_PARALLEL) -m "not slow"
 
 # Chapter 08's models, retrained from scratch (about 15 minutes of 2 idle cores: the Transformer on one, the GRUs on the other),
 # their weights and manifest written to solutions/g2p_weights/. The book loads them while the

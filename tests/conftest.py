@@ -9,6 +9,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+# `make test` runs the suite on two xdist workers (pytest -n 2). Each worker's sandboxes take
+# uids of their own range, so that a test that looks for processes left behind by its own
+# grading run (tests/attacks) never sees the other worker's sandboxes. Set before the grader
+# is imported: autograder.uids reads it once.
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+if _WORKER.startswith("gw") and _WORKER[2:].isdigit() and "AUTOGRADER_SANDBOX_UID" not in os.environ:
+    os.environ["AUTOGRADER_SANDBOX_UID"] = str(64123 + 1024 * int(_WORKER[2:]))
+
 import nbformat
 import pytest
 
@@ -81,6 +89,20 @@ def run_json(*args: str, **kw) -> dict:
     return json.loads(proc.stdout)
 
 
+def wait_until(condition, timeout: float = 60.0) -> bool:
+    """Whether `condition()` came to hold, polled until it does: a test waits for an event this way
+    (a process gone, a file written), never for a guessed delay. `timeout` only ends a wait on a
+    broken run; it is no estimate of how long the event takes, and no machine is that slow."""
+    import time
+
+    end = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > end:
+            return bool(condition())
+        time.sleep(0.05)
+    return True
+
+
 @pytest.fixture
 def root() -> Path:
     return ROOT
@@ -107,11 +129,67 @@ SLOW_FILES = {
 }
 
 
+# --- two workers: which tests run together, and in what order -------------------------------
+# `make test` runs `pytest -n 2 --dist loadgroup --no-loadscope-reorder`: each worker takes a
+# group of tests at a time, and a group's tests share its session and module fixtures, so no
+# fixture is built twice. A test that uses one of SHARED_FIXTURES joins that fixture's group
+# (every adversarial test one batch, every chapter test the chapter harness); any other test
+# joins the group of its file. The groups start in the order of HEAVY_FIRST (the costliest
+# first, measured by benchmarks/suite_time.py; see "What a test costs" in
+# book/instructors/authoring.md), then the others in file order, so that the last group to
+# finish is a short one.
+
+SHARED_FIXTURES = {
+    "batch": "adversarial-batch",
+    "graded_chapter": "chapter-harness",
+    "site": "built-book",
+    "browser": "built-book",
+}
+HEAVY_FIRST = ("chapter-harness", "adversarial-batch", "test_mutants.py", "test_check_matches_grade.py",
+               "test_reliability.py", "built-book", "test_generate.py", "test_cohort.py",
+               "test_nbgrader_workflow.py", "test_warm_start.py", "test_grade_cli.py")
+
+
+def group_of(item) -> str:
+    """The group a test runs in (see above)."""
+    names = set(getattr(item, "fixturenames", ()))
+    for fixture, group in SHARED_FIXTURES.items():
+        if fixture in names:
+            return group
+    return item.path.name
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
-    """Mark slow every test of a file in SLOW_FILES and every test that uses a fixture of SLOW_FIXTURES."""
+    """Mark slow every test of a file in SLOW_FILES and every test that uses a fixture of SLOW_FIXTURES;
+    give each test its group, and put the heavy groups first (a stable sort: within a group, and
+    among the others, the collection order stays)."""
+    rank = {group: i for i, group in enumerate(HEAVY_FIRST)}
+    groups = {}
     for item in items:
         if item.path.name in SLOW_FILES or SLOW_FIXTURES.keys() & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+        groups[item.nodeid] = group_of(item)
+        item.add_marker(pytest.mark.xdist_group(groups[item.nodeid]))
+    items.sort(key=lambda item: rank.get(groups[item.nodeid], len(rank)))
+
+
+@pytest.hookimpl(trylast=True, specname="pytest_collection_modifyitems")
+def pytest_collection_modifyitems_group_ids(config, items):
+    """On an xdist worker under --dist loadgroup, make sure each test id carries its group.
+
+    xdist tells the controller a test's group by appending `@GROUP` to its id; xdist 3.8 does
+    it by setting `item._nodeid`, which pytest 9 no longer reads (a node's id is `item._id`),
+    so every test would be scheduled alone and each worker would build every shared fixture.
+    This appends it where xdist's own attempt did not take."""
+    if not getattr(config.option, "loadgroup", False):  # set on xdist's workers
+        return
+    from _pytest.nodeid import NodeId
+
+    for item in items:
+        group = group_of(item)
+        if not item.nodeid.endswith("@" + group):
+            item._id = NodeId.parse(f"{item.nodeid}@{group}")
 
 
 # --- the chapter harness: one sandboxed grading run per chapter, shared by every test ------
@@ -127,23 +205,98 @@ def chapter_batch(key: str) -> dict:
     return batch
 
 
-_GRADED: dict = {}
+CHAPTER_LANES = 2  # chapter runs graded at once, each `grade --jobs 1 --warm` (one core each)
+# The chapters whose harness runs take longest (06: 28 notebooks of a Transformer), started
+# first so that a long run does not end the harness alone.
+CHAPTERS_LONGEST = ("06_transformer", "07_efficient_attention", "09_gpt", "08_pronunciation")
+HARNESS_TIMEOUT = 600  # seconds per submission in the harness runs (see ChapterHarness._start)
+
+
+class ChapterHarness:
+    """The chapter harness's `grade` runs, one per chapter, started ahead of the tests that read
+    them: CHAPTER_LANES at a time, the longest first, so that while one chapter's tests run the
+    next chapters are being graded. A chapter a test asks for that has not started starts at once."""
+
+    def __init__(self, tmp_path_factory, keys: list[str]):
+        self.factory = tmp_path_factory
+        keys = list(dict.fromkeys(keys))
+        self.todo = [k for k in CHAPTERS_LONGEST if k in keys] + [k for k in keys if k not in CHAPTERS_LONGEST]
+        self.running: dict = {}
+        self.done: dict = {}
+
+    def _start(self, key: str) -> None:
+        if key in self.todo:
+            self.todo.remove(key)
+        base = self.factory.mktemp(f"grading{key}")
+        for student, make in chapter_batch(key).items():
+            write(make(), base / "submitted" / f"{student}.ipynb")
+        out = base / "out"
+        # As an instructor runs it (sandboxed), warm, on one core: two runs share the two cores
+        # without paying a local cluster's start each; --jobs N is graded by tests/test_cohort.py
+        # and the adversarial batch. No row of a table is an endless loop, so the submission's
+        # time budget is raised from 120 s to HARNESS_TIMEOUT: a loaded or slow machine never
+        # turns a row's lost checks into a time-out (one row takes 15-30 s on an idle machine).
+        args = [sys.executable, "-m", "autograder", "grade", "--assignment", key, str(base / "submitted"),
+                "--out", str(out), "--json", "--jobs", "1", "--warm", "--timeout", str(HARNESS_TIMEOUT)]
+        with open(base / "grade.out", "wb") as stdout, open(base / "grade.err", "wb") as stderr:
+            proc = subprocess.Popen(args, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"),
+                                    stdout=stdout, stderr=stderr)
+        self.running[key] = (base, out, proc)
+
+    def _fill(self) -> None:
+        """Start chapters while fewer than CHAPTER_LANES runs are still grading."""
+        while self.todo and sum(p.poll() is None for _, _, p in self.running.values()) < CHAPTER_LANES:
+            self._start(self.todo[0])
+
+    def get(self, key: str):
+        import time
+
+        if key not in self.done:
+            if key not in self.running:
+                self._start(key)
+            base, out, proc = self.running[key]
+            deadline = time.monotonic() + 900
+            while proc.poll() is None and time.monotonic() < deadline:
+                self._fill()  # a lane that another chapter's run freed starts the next chapter
+                time.sleep(0.2)
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+            del self.running[key]
+            self._fill()
+            stderr = (base / "grade.err").read_text(errors="replace")
+            assert proc.returncode in (0, 1), stderr[-3000:]
+            summary = json.loads((base / "grade.out").read_text())
+            self.done[key] = (base, out, summary, {s["student"]: s for s in summary["submissions"]})
+        return self.done[key]
+
+    def close(self) -> None:
+        for _, _, proc in self.running.values():
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+        self.running.clear()
+
+
+def harness_keys(session) -> list[str]:
+    """The chapters whose harness the collected tests read, in the order they will ask for them."""
+    keys = []
+    for item in session.items:
+        if "graded_chapter" in getattr(item, "fixturenames", ()):
+            key = getattr(getattr(item, "callspec", None), "params", {}).get("chapter")
+            if isinstance(key, str):
+                keys.append(key)
+    return keys
 
 
 @pytest.fixture(scope="session")
-def graded_chapter(tmp_path_factory):
-    """A function KEY -> (out folder, JSON summary, {student: submission}) from one `grade` run per
-    chapter over its harness batch, as an instructor runs it (sandboxed), cached for the session."""
-    def get(key: str):
-        if key not in _GRADED:
-            base = tmp_path_factory.mktemp(f"grading{key}")
-            for student, make in chapter_batch(key).items():
-                write(make(), base / "submitted" / f"{student}.ipynb")
-            out = base / "out"
-            summary = run_json("grade", "--assignment", key, str(base / "submitted"), "--out", str(out))
-            _GRADED[key] = (base, out, summary, {s["student"]: s for s in summary["submissions"]})
-        return _GRADED[key]
-    return get
+def graded_chapter(request, tmp_path_factory):
+    """A function KEY -> (base folder, out folder, JSON summary, {student: submission}) from one
+    `grade` run per chapter over its harness batch, as an instructor runs it (sandboxed), cached
+    for the session (`ChapterHarness`)."""
+    harness = ChapterHarness(tmp_path_factory, harness_keys(request.session))
+    yield harness.get
+    harness.close()
 
 
 # --- the adversarial suite: every attack module's submissions in one sandboxed batch -------
