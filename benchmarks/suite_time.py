@@ -115,18 +115,15 @@ def _machine_cpu() -> tuple[float, float]:
 
 
 def book_pages() -> list[tuple[str, float]]:
-    """(page, seconds of execution) from the book's execution cache, slowest first."""
-    cache_dir = ROOT / "_build" / ".jupyter_cache"
-    if not cache_dir.is_dir():
-        return []
-    from jupyter_cache import get_cache
-
-    rows = []
-    for record in get_cache(str(cache_dir)).list_cache_records():
-        seconds = (record.data or {}).get("execution_seconds")
-        if seconds is not None:
-            rows.append((Path(record.uri).name, float(seconds)))
-    return sorted(rows, key=lambda r: -r[1])
+    """(page, seconds of execution) from the book's execution cache, slowest first (read as
+    `make book` reads it to order the pages: book/_ext/build_book.py)."""
+    sys.path.insert(0, str(ROOT / "book" / "_ext"))
+    try:
+        from build_book import recorded_seconds
+    finally:
+        sys.path.pop(0)
+    seconds = recorded_seconds(ROOT / "_build")
+    return sorted(((Path(name).name + ".md", took) for name, took in seconds.items()), key=lambda r: -r[1])
 
 
 def summarise(run: dict) -> str:
