@@ -6,7 +6,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 # Two cores: one thread per process keeps torch from oversubscribing them.
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: install book test test-fast generate check-generated clean train
+.PHONY: install book test test-fast screenshots generate check-generated clean train
 
 install: $(VENV)/.installed
 
@@ -43,6 +43,11 @@ test: install check-generated book
 # no mutants or seeds graded; about a minute on 2 cores.
 test-fast: install
 	$(PY) -m pytest $(PYTEST_PARALLEL) -m "not slow"
+
+# Every page of the built book at desktop and phone width, as full-page PNGs in
+# _build/screenshots/{desktop,phone}/ for a person to look at (the browser tests, saving what they see).
+screenshots: install book
+	BOOK_SCREENSHOTS=1 $(PY) -m pytest tests/test_browser.py -q
 
 # Chapter 08's models, retrained from scratch (about 15 minutes of 2 idle cores: the Transformer on one, the GRUs on the other),
 # their weights and manifest written to solutions/g2p_weights/. The book loads them while the

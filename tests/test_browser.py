@@ -2,8 +2,10 @@
 
 Every page of `_build/html` is opened from disk (file://, as a reader opens
 `_build/html/index.html`) with every request outside the site refused, at desktop and at
-phone width. One pass over the site collects what each test asserts; screenshots go to
-`_build/screenshots/{desktop,phone}/` for a person to look at.
+phone width. One pass over the site collects what each test asserts. With
+BOOK_SCREENSHOTS=1 (`make screenshots`), that pass also saves a full-page screenshot of
+each page at each width in `_build/screenshots/{desktop,phone}/` for a person to look at:
+no test reads them, and they double the pass's time, so `make test` takes none.
 
 The site is built first when it is missing (`make test` builds it anyway, see the
 Makefile). Without a Chromium (Debian's `chromium`, or $CHROMIUM) the tests are skipped,
@@ -23,7 +25,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 SITE = ROOT / "_build" / "html"
-SHOTS = ROOT / "_build" / "screenshots"
+SHOTS = ROOT / "_build" / "screenshots" if os.environ.get("BOOK_SCREENSHOTS", "0") not in ("", "0") else None
 DESKTOP = {"width": 1280, "height": 900}
 PHONE = {"width": 390, "height": 844}
 
@@ -153,10 +155,8 @@ def pages(site, browser):
         if name.startswith(("_", "exercises/")) or name == "index.html":
             continue  # assets, and the redirect to the first page (test_index_opens_the_book)
         shot = name.removesuffix(".html").replace("/", "_") + ".png"
-        result[name] = {
-            "desktop": visit(browser, path.as_uri(), DESKTOP, SHOTS / "desktop" / shot),
-            "phone": visit(browser, path.as_uri(), PHONE, SHOTS / "phone" / shot),
-        }
+        result[name] = {width: visit(browser, path.as_uri(), size, SHOTS / width / shot if SHOTS else None)
+                        for width, size in (("desktop", DESKTOP), ("phone", PHONE))}
     return result
 
 
