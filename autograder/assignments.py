@@ -73,4 +73,7 @@ def get_assignment(key: str) -> Assignment:
         if a.key == key:
             return a
     known = ", ".join(a.key for a in all_assignments()) or "none"
-    raise KeyError(f"unknown assignment {key!r} (known: {known})")
+    # `key` may come from a learner's notebook (its course metadata): shown escaped and cut
+    shown = repr(key)
+    shown = shown if len(shown) <= 80 else shown[:80] + f"… ({len(shown) - 80:,} more characters)"
+    raise KeyError(f"unknown assignment {shown} (known: {known})")

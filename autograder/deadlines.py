@@ -52,7 +52,29 @@ def parse_timestamp(text: str) -> dt.datetime:
     """The aware UTC time `text` names, in the forms nbgrader writes and reads (`nbgrader.utils.parse_utc`):
     "2026-12-01 15:31:15.123456 UTC", ISO 8601 with an offset ("2026-12-01T15:31:15+01:00", "...Z"), a zone
     name that is an IANA key ("Europe/Berlin", "CET"); without a zone it is UTC, as nbgrader takes it.
-    ValueError (one phrase) when it is none of these."""
+    ValueError (one phrase) when it is none of these, and for any other failure: `text` is a learner's
+    bytes (a time at the edge of the representable range overflows when it is moved to UTC)."""
+    try:
+        return _parse_timestamp(text)
+    except ValueError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - OverflowError and whatever else the calendar raises
+        raise ValueError(f"is not a time this grader can represent ({type(exc).__name__})") from None
+
+
+def file_time(mtime: float | None, now: dt.datetime | None = None) -> dt.datetime:
+    """The aware UTC time of a file time (`st_mtime`), or `now` where there is none or it is out of the
+    calendar's range (a learner's archive can carry any file time)."""
+    now = now or dt.datetime.now(dt.timezone.utc)
+    if mtime is None:
+        return now
+    try:
+        return dt.datetime.fromtimestamp(mtime, dt.timezone.utc)
+    except (OverflowError, OSError, ValueError, TypeError):
+        return now
+
+
+def _parse_timestamp(text: str) -> dt.datetime:
     m = _STAMP.fullmatch(text.strip())
     if not m:
         raise ValueError("is not a date and time")
@@ -108,10 +130,23 @@ def submission_time(notebook_path: Path, mtime: float | None, *, base: Path | No
     link (without it, the notebook's own folder). Why a timestamp.txt that is there was not used
     is appended to `notes` (a phrase for the instructor); its absence is no note."""
     now = now or dt.datetime.now(dt.timezone.utc)
-    file_time = dt.datetime.fromtimestamp(mtime if mtime is not None else now.timestamp(), dt.timezone.utc)
+    when_file = file_time(mtime, now)
+    try:
+        problem = _timestamp_problem(notebook_path, base, now)
+    except Exception as exc:  # noqa: BLE001 - a learner's file: whatever goes wrong, the file time is used
+        problem = f"could not be read ({type(exc).__name__})"
+    if isinstance(problem, dt.datetime):
+        return problem, FROM_TIMESTAMP
+    if problem and notes is not None:
+        notes.append(f"{TIMESTAMP_FILE} {problem}: the file time is the submission time")
+    return when_file, FROM_FILE_TIME
+
+
+def _timestamp_problem(notebook_path, base, now: dt.datetime):
+    """The time in the notebook's timestamp.txt, or why it was not used ("": there is none)."""
     where = _timestamp_parts(Path(notebook_path), base)
     if where is None:
-        return file_time, FROM_FILE_TIME
+        return ""
     got = read_regular(where[0], where[1], TIMESTAMP_BYTES)
     problem = ""
     if got.refused == ERROR:
@@ -137,10 +172,8 @@ def submission_time(notebook_path: Path, mtime: float | None, *, base: Path | No
             elif when < EARLIEST:
                 problem = f"says {when:%Y-%m-%d %H:%M} UTC, which is before 2000"
             else:
-                return when, FROM_TIMESTAMP
-    if problem and notes is not None:
-        notes.append(f"{TIMESTAMP_FILE} {problem}: the file time is the submission time")
-    return file_time, FROM_FILE_TIME
+                return when
+    return problem
 
 
 # --- the late policy ----------------------------------------------------------------------
@@ -262,5 +295,5 @@ def late_for(config, key: str, result: dict, score: float | None = None) -> Late
     return assess(config.assignment(key), submitted, source, raw, top)
 
 
-__all__ = ["submission_time", "parse_timestamp", "Lateness", "assess", "late_for", "iso_utc", "from_iso",
+__all__ = ["submission_time", "parse_timestamp", "file_time", "Lateness", "assess", "late_for", "iso_utc", "from_iso",
            "duration", "FROM_TIMESTAMP", "FROM_FILE_TIME", "TIMESTAMP_FILE"]

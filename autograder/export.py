@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 
 from .limits import DEFAULT, Limits
+from .logs import log
 from .text import STUDENT_ID, json_for_stdout, safe, visible
 from .usage import UsageError, known_assignment
 
@@ -70,6 +71,11 @@ def write_outputs(gb, assignment, out: Path, limits: Limits = DEFAULT, config=No
     key = assignment.key
     saved = saved_results(out, key)
     table = gbk.rows(gb, assignment, saved, limits, config=config)
+    listed = {row["student_id"] for row in table}
+    for student, data in sorted(saved.items()):
+        # a learner whose row the gradebook could not take when they were graded: listed all the same
+        if student not in listed and data.get("not_in_gradebook") is True:
+            table.append(gbk.unrecorded_row(key, student, table[0] if table else None, limits))
     csv_path = out / f"{key}_grades.csv"
     gbk.write_csv(csv_path, table, limits)
     pages = []
@@ -82,14 +88,23 @@ def write_outputs(gb, assignment, out: Path, limits: Limits = DEFAULT, config=No
             result = Result.from_dict(data)
         except (KeyError, TypeError, ValueError):
             continue
-        flags = data.get("flags") if isinstance(data.get("flags"), list) else []
-        late = None
-        if config is not None:  # the late policy of today's configuration, on the final score
-            from .deadlines import late_for
+        # Each page on its own: one learner's result that breaks its page leaves the page as it was
+        # (written when that learner was graded) and every other page is written.
+        try:
+            flags = data.get("flags") if isinstance(data.get("flags"), list) else []
+            late = None
+            if config is not None:  # the late policy of today's configuration, on the final score
+                from .deadlines import late_for
 
-            late = late_for(config, key, data, score=row["score"] + row.get("late_penalty", 0.0))
-        page = feedback_html(result, flags, limits, grades=gbk.part_grades(gb, assignment, student), late=late)
-        pages.append(str(write_feedback(out, key, student, page)))
+                late = late_for(config, key, data, score=row["score"] + row.get("late_penalty", 0.0))
+            page = feedback_html(result, flags, limits, grades=gbk.part_grades(gb, assignment, student), late=late)
+            pages.append(str(write_feedback(out, key, student, page)))
+        except Exception:  # noqa: BLE001
+            log.error("the feedback page of %s could not be written", safe(student, 80), exc_info=True)
+            try:
+                gb.db.rollback()
+            except Exception:  # noqa: BLE001
+                pass
     exports = []
     try:
         from .lms import write_lms

@@ -20,6 +20,7 @@ from nbgrader.api import Gradebook, MissingEntry
 
 from .assignments import Assignment
 from .limits import DEFAULT, Limits
+from .logs import log
 from .text import csv_cell, safe
 
 
@@ -147,8 +148,6 @@ def rows(gb: Gradebook, assignment: Assignment, statuses: dict[str, dict], limit
     then the final score less the late penalty (never below 0), and the gradebook gets the
     assignment's due date and each notebook's `late_submission_penalty`, so that nbgrader's own
     `export` agrees with ours."""
-    from .deadlines import iso_utc, late_for
-
     key = assignment.key
     out = []
     settings = config.assignment(key) if config is not None else None
@@ -159,36 +158,72 @@ def rows(gb: Gradebook, assignment: Assignment, statuses: dict[str, dict], limit
         gb_assignment.duedate = naive_due
     grade_cells = [c.name for c in gb.find_notebook(key, key).grade_cells]
     for sub in sorted(gb.find_assignment(key).submissions, key=lambda s: s.student.id):
-        nb = gb.find_submission_notebook(key, key, sub.student.id)
-        info = statuses.get(sub.student.id, {})
-        grades = nb.grades
-        row = {
-            "student_id": sub.student.id,
-            "assignment": key,
-            "score": round(float(nb.score), 4),
-            "max_score": round(float(nb.max_score), 4),
-            "auto_score": round(sum(float(g.auto_score or 0.0) for g in grades), 4),
-            "manual": any(g.manual_score is not None for g in grades),
-            "needs_review": any(g.manual_score is not None and g.needs_manual_grade for g in grades),
-            "status": safe(info.get("status", "graded"), 40),
-            "reason": _reason(info, limits),
-        }
-        late = late_for(config, key, info, score=float(nb.score)) if config is not None else None
-        penalty = round(late.penalty, 4) if late is not None else 0.0
-        if (nb.late_submission_penalty or 0.0) != penalty:
-            nb.late_submission_penalty = penalty
-        row.update({
-            "score": round(max(0.0, float(nb.score) - penalty), 4),
-            "late_penalty": penalty,
-            "submitted_at": iso_utc(late.submitted) if late is not None else safe(info.get("submitted_at", ""), 40),
-            "submitted_from": safe(info.get("submitted_from", ""), 20),
-            "seconds_late": round(late.seconds_late) if late is not None else 0,
-        })
-        for name in sorted(grade_cells):
-            row[name] = round(float(gb.find_grade(name, key, key, sub.student.id).score), 4)
-        out.append(row)
+        # Each row on its own: whatever one learner's saved result holds costs at most that row.
+        try:
+            out.append(_row(gb, key, sub.student.id, statuses.get(sub.student.id, {}), grade_cells, limits, config))
+        except Exception as exc:  # noqa: BLE001
+            log.error("the gradebook row of %s could not be built", safe(sub.student.id, 80), exc_info=True)
+            try:
+                gb.db.rollback()
+            except Exception:  # noqa: BLE001
+                pass
+            out.append(_bare_row(gb, key, sub.student.id, grade_cells, exc))
     gb.db.commit()
     return out
+
+
+def _bare_row(gb: Gradebook, key: str, student: str, grade_cells: list, exc: BaseException) -> dict:
+    """The row of a learner whose full row could not be built: the gradebook's scores where they can be
+    read, the status "error" and the reason (flagged for the instructor)."""
+    row = {"student_id": student, "assignment": key, "score": 0.0, "max_score": 0.0, "auto_score": 0.0,
+           "manual": False, "needs_review": False, "status": "error",
+           "reason": f"flagged: this row could not be built ({type(exc).__name__}; details in the log): look at "
+                     "this submission",
+           "late_penalty": 0.0, "submitted_at": "", "submitted_from": "", "seconds_late": 0}
+    try:
+        nb = gb.find_submission_notebook(key, key, student)
+        row.update(score=round(float(nb.score), 4), max_score=round(float(nb.max_score), 4))
+    except Exception:  # noqa: BLE001
+        pass
+    for name in sorted(grade_cells):
+        try:
+            row[name] = round(float(gb.find_grade(name, key, key, student).score), 4)
+        except Exception:  # noqa: BLE001
+            row[name] = 0.0
+    return row
+
+
+def _row(gb: Gradebook, key: str, student: str, info: dict, grade_cells: list, limits: Limits, config) -> dict:
+    from .deadlines import iso_utc, late_for
+
+    nb = gb.find_submission_notebook(key, key, student)
+    info = info if isinstance(info, dict) else {}
+    grades = nb.grades
+    row = {
+        "student_id": student,
+        "assignment": key,
+        "score": round(float(nb.score), 4),
+        "max_score": round(float(nb.max_score), 4),
+        "auto_score": round(sum(float(g.auto_score or 0.0) for g in grades), 4),
+        "manual": any(g.manual_score is not None for g in grades),
+        "needs_review": any(g.manual_score is not None and g.needs_manual_grade for g in grades),
+        "status": safe(info.get("status", "graded"), 40),
+        "reason": _reason(info, limits),
+    }
+    late = late_for(config, key, info, score=float(nb.score)) if config is not None else None
+    penalty = round(late.penalty, 4) if late is not None else 0.0
+    if (nb.late_submission_penalty or 0.0) != penalty:
+        nb.late_submission_penalty = penalty
+    row.update({
+        "score": round(max(0.0, float(nb.score) - penalty), 4),
+        "late_penalty": penalty,
+        "submitted_at": iso_utc(late.submitted) if late is not None else safe(info.get("submitted_at", ""), 40),
+        "submitted_from": safe(info.get("submitted_from", ""), 20),
+        "seconds_late": round(late.seconds_late) if late is not None else 0,
+    })
+    for name in sorted(grade_cells):
+        row[name] = round(float(gb.find_grade(name, key, key, student).score), 4)
+    return row
 
 
 def write_csv(path: Path, table: list[dict], limits: Limits = DEFAULT) -> None:
@@ -204,5 +239,36 @@ def write_csv(path: Path, table: list[dict], limits: Limits = DEFAULT) -> None:
         w = csv.writer(f)
         w.writerow([csv_cell(name, 200) for name in fields])
         for row in table:
-            w.writerow([csv_cell(row.get(name, ""), limits.error_chars) for name in fields])
+            try:
+                cells = [csv_cell(row.get(name, ""), limits.error_chars) for name in fields]
+            except Exception:  # noqa: BLE001 - one row's values never cost the file
+                log.error("a row of %s could not be written", path.name, exc_info=True)
+                cells = _bare_cells(row, fields, limits)
+            w.writerow(cells)
     os.replace(tmp, path)
+
+
+def _bare_cells(row: dict, fields: list, limits: Limits) -> list:
+    """The CSV cells of a row some value of which could not be written: its student id (escaped, or
+    "?"), the status "error" and the reason, nothing else."""
+    try:
+        sid = safe(row.get("student_id", ""), 80)
+        sid = ("'" + sid) if sid[:1] in ("=", "+", "-", "@") else sid
+    except Exception:  # noqa: BLE001
+        sid = "?"
+    said = {"student_id": sid, "status": "error",
+            "reason": "flagged: this row could not be written (details in the log); look at this submission"}
+    return [said.get(name, "") for name in fields]
+
+
+def unrecorded_row(key: str, student: str, like: dict | None, limits: Limits = DEFAULT) -> dict:
+    """The CSV row of a learner whose result the gradebook could not take (`grading_run`'s fallback): no
+    score, the status "error", flagged; with the columns of `like` (another row) where there is one."""
+    row = {"student_id": student, "assignment": key, "score": 0.0, "max_score": 0.0, "auto_score": 0.0,
+           "manual": False, "needs_review": False, "status": "error",
+           "reason": safe("flagged: the gradebook could not take this learner's result (details in the run's log); "
+                          "look at this submission: the next run grades it again", limits.error_chars),
+           "late_penalty": 0.0, "submitted_at": "", "submitted_from": "", "seconds_late": 0}
+    for name in (like or {}):
+        row.setdefault(name, 0.0)
+    return row

@@ -328,12 +328,19 @@ class Grader:
             if cells is None:
                 try:
                     nb = read_notebook(path, self.limits)
+                    # a learner's check grades a notebook of an older release, which `grade` refuses
+                    audit = audit_cells(nb, self.ref_cells, self.limits, key=self.assignment.key,
+                                        self_check=early is not None and early.self_check,
+                                        ref_course=self.ref_course)
                 except NotebookError as exc:
                     result.status, result.error = ERROR, str(exc)
                     return
-                # a learner's check grades a notebook of an older release, which `grade` refuses
-                audit = audit_cells(nb, self.ref_cells, self.limits, key=self.assignment.key,
-                                    self_check=early is not None and early.self_check, ref_course=self.ref_course)
+                except Exception as exc:  # noqa: BLE001 - the learner's bytes: their error, never a grader error
+                    log.warning("could not audit the cells of %s", result.notebook, exc_info=True)
+                    result.status = ERROR
+                    result.error = (f"{path.name[:120]} could not be read as a notebook of this exercise "
+                                    f"({type(exc).__name__}); not graded")
+                    return
                 result.notes += audit.notes
                 if audit.rejected:
                     result.status, result.error = ERROR, audit.rejected

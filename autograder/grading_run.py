@@ -45,6 +45,8 @@ from .usage import UsageError, course_grader, known_assignment
 # The columns of `gradebook.rows` that a submission's entry in the summary takes from the gradebook.
 FINAL_COLUMNS = ("score", "manual", "needs_review", "late_penalty", "submitted_at", "submitted_from",
                  "seconds_late")
+# In a result file: the gradebook could not take this learner's row (`export.write_outputs` still lists them).
+NOT_IN_GRADEBOOK = "not_in_gradebook"
 NO_SANDBOX_WARNING = ("WARNING: --no-sandbox: learner code runs on this machine as you, with access to your "
                       "files, the solutions, the hidden tests and the gradebook. Grade this way only "
                       "notebooks you trust.")
@@ -273,28 +275,13 @@ class GradingRun:
 
         limits, todo = self.limits, []
         for found in self.scan.found:
-            i, student, claim = len(self.reports), found.student, found.claim
+            i = len(self.reports)
             self.reports.append(None)
-            shown_path = safe(str(claim.path), limits.path_chars) if claim else ""
-            if found.problem:
-                self.reports[i] = self._not_graded(found, found.problem, shown_path)
-                continue
-            read = read_claim(claim, limits.notebook_bytes)
-            if read.data is None:
-                self.reports[i] = self._not_graded(found, f"{shown_path} {read.problem}", shown_path, read.digest)
-                continue
-            self._submission_time(found, read.mtime)
-            flags = bounded_flags(found.flags, limits)
-            saved = None if self.force else saved_result(self.results_dir / f"{student}.json", read.digest, flags)
-            # Skipped only if the gradebook also has the row (it may be a new or restored one).
-            if saved is not None and gbk.has_submission(self.gb, self.assignment, student):
-                saved["skipped"] = True
-                self.reports[i] = saved
-                flagged = f" FLAGGED: {safe('; '.join(flags), limits.progress_chars)}" if flags else ""
-                self.progress(f"{student}: already graded ({saved['score']:g} / {saved['max_score']:g}); "
-                              f"--force regrades{flagged}")
-                continue
-            todo.append((i, found))
+            try:
+                if self._scanned(i, found):
+                    todo.append((i, found))
+            except Exception as exc:  # noqa: BLE001 - one learner's bytes cost at most their grade
+                self.reports[i] = self._learner_fault(found, "read", exc)
         from .deadlines import FROM_FILE_TIME
 
         file_times = sum(1 for _, source in self._times.values() if source == FROM_FILE_TIME)
@@ -303,14 +290,64 @@ class GradingRun:
                           f"{len(self._times)} submission(s)")
         return todo
 
+    def _scanned(self, i: int, found: Found) -> bool:
+        """Whether `found` is to be graded; if not, its report (not graded: why; or already graded,
+        unchanged) is recorded here."""
+        from . import gradebook as gbk
+        from .feedback import bounded_flags
+
+        limits, student, claim = self.limits, found.student, found.claim
+        shown_path = safe(str(claim.path), limits.path_chars) if claim else ""
+        if found.problem:
+            self.reports[i] = self._not_graded(found, found.problem, shown_path)
+            return False
+        read = read_claim(claim, limits.notebook_bytes)
+        if read.data is None:
+            self.reports[i] = self._not_graded(found, f"{shown_path} {read.problem}", shown_path, read.digest)
+            return False
+        self._submission_time(found, read.mtime)
+        flags = bounded_flags(found.flags, limits)
+        try:
+            saved = None if self.force else saved_result(self.results_dir / f"{student}.json", read.digest, flags)
+        except Exception:  # noqa: BLE001 - a result file that cannot be used: grade again
+            saved = None
+        # Skipped only if the gradebook also has the row (it may be a new or restored one).
+        if saved is not None and gbk.has_submission(self.gb, self.assignment, student):
+            saved["skipped"] = True
+            self.reports[i] = saved
+            flagged = f" FLAGGED: {safe('; '.join(flags), limits.progress_chars)}" if flags else ""
+            self.progress(f"{student}: already graded ({saved['score']:g} / {saved['max_score']:g}); "
+                          f"--force regrades{flagged}")
+            return False
+        return True
+
     def _submission_time(self, found: Found, mtime: float | None) -> None:
         """When `found` was handed in (nbgrader's timestamp.txt, else its file time); why a timestamp.txt
-        was refused becomes one of its flags (the instructor looks; it is no error)."""
-        from .deadlines import submission_time
+        was refused becomes one of its flags (the instructor looks; it is no error). Whatever goes
+        wrong here costs nothing but the time: the file time is used, and the instructor told."""
+        from .deadlines import FROM_FILE_TIME, TIMESTAMP_FILE, file_time, submission_time
 
         notes: list[str] = []
-        self._times[found.student] = submission_time(found.claim.path, mtime, base=found.claim.base, notes=notes)
+        try:
+            self._times[found.student] = submission_time(found.claim.path, mtime, base=found.claim.base,
+                                                         notes=notes)
+        except Exception as exc:  # noqa: BLE001 - a learner's file
+            log.warning("%s: the submission time could not be read", found.student, exc_info=True)
+            self._times[found.student] = (file_time(mtime), FROM_FILE_TIME)
+            notes.append(f"{TIMESTAMP_FILE} could not be read ({type(exc).__name__}): the file time is the "
+                         "submission time")
         found.flags.extend(n for n in notes if n not in found.flags)
+
+    def _learner_fault(self, found: Found, step: str, exc: BaseException) -> dict:
+        """The report of a submission whose step `step` ("read", ...) raised: not graded, flagged, with one
+        sentence; the traceback goes to the run's log. Nobody else's submission is touched."""
+        log.warning("%s: the submission could not be %s", found.student, step, exc_info=(type(exc), exc,
+                                                                                          exc.__traceback__))
+        shown = safe(str(found.claim.path), self.limits.path_chars) if found.claim else found.student
+        reason = f"{shown} could not be {step} ({type(exc).__name__}); not graded"
+        if reason not in found.flags:
+            found.flags.append(reason)
+        return self._not_graded(found, reason, shown if found.claim else "")
 
     def _not_graded(self, found: Found, reason: str, path: str, digest: str = "") -> dict:
         """A flagged `error` row for a submission that is not graded at all (ambiguous, a link, ...)."""
@@ -323,7 +360,79 @@ class GradingRun:
     def _record(self, found: Found, result, digest: str, timestamp: float | None = None, tail: str = "",
                 data: bytes | None = None) -> dict:
         """One result into the gradebook, the autograded notebook, the feedback page, the result file,
-        the progress line and the log. `data`: the bytes that were graded (None: not graded)."""
+        the progress line and the log. `data`: the bytes that were graded (None: not graded).
+
+        Never raises: where a step fails (a learner's bytes that break a page, a file that cannot be
+        written), `_record_what_can` records that learner's result flagged, as much of it as can be, and
+        the run goes on with the next learner."""
+        try:
+            return self._record_all(found, result, digest, timestamp, tail, data)
+        except Exception as exc:  # noqa: BLE001 - one learner's record never stops the batch
+            log.error("%s: the result could not be recorded in full", found.student, exc_info=True)
+            return self._record_what_can(found, result, exc)
+
+    def _record_what_can(self, found: Found, result, exc: BaseException) -> dict:
+        """What `_record` does where it failed, each step on its own: the gradebook row (the result, else a
+        not-graded one), a plain feedback page, the result file without its digest (so the next run grades
+        this learner again), the progress line. The row is flagged with the reason."""
+        from html import escape
+
+        from . import gradebook as gbk
+        from .export import write_feedback
+        from .feedback import bounded, bounded_flags, feedback_html
+        from .grader import ERROR, Result
+
+        limits, student, key = self.limits, found.student, self.assignment.key
+        reason = (f"its result could not be recorded in full ({type(exc).__name__}; details in the run's log): "
+                  "look at this submission; the next run grades it again")
+        flags = bounded_flags([*found.flags, reason], limits)
+        try:
+            result = bounded(result, limits)
+        except Exception:  # noqa: BLE001
+            result = Result.blank(key, "", self.grader.parts, student=student, status=ERROR, error=reason)
+
+        def attempt(what, fn):
+            try:
+                return fn()
+            except Exception:  # noqa: BLE001
+                log.error("%s: %s failed", student, what, exc_info=True)
+                try:
+                    self.gb.db.rollback()
+                except Exception:  # noqa: BLE001
+                    pass
+                return None
+
+        in_gradebook = attempt("the gradebook row", lambda: gbk.record(self.gb, self.assignment, student, result,
+                                                                       timestamp=None, flagged=True) or True)
+        if in_gradebook is None:
+            result = Result.blank(key, result.notebook if isinstance(result.notebook, str) else "",
+                                  self.grader.parts, student=student, status=ERROR, error=reason)
+            in_gradebook = attempt("the gradebook row (not graded)", lambda: gbk.record(
+                self.gb, self.assignment, student, result, timestamp=None, flagged=True) or True)
+        submitted, source = self._times.get(student, (None, ""))
+        page = attempt("the feedback page", lambda: feedback_html(result, flags, limits))
+        if page is None:
+            page = ("<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>Feedback</title></head><body>"
+                    f"<p>Score: {escape(f'{result.score:g} / {result.max_score:g}')}. Your result could not be shown "
+                    "in full; your instructor has been told and will look at your submission.</p></body></html>")
+        fb = attempt("the feedback file", lambda: write_feedback(self.out, key, student, page))
+
+        def as_dict():
+            from .deadlines import iso_utc
+
+            return dict(result.to_dict(), sha256="", feedback=str(fb or ""), skipped=False, flags=flags,
+                        submitted_at=iso_utc(submitted) if submitted is not None else "", submitted_from=source,
+                        **({} if in_gradebook else {NOT_IN_GRADEBOOK: True}))
+
+        data = attempt("the result", as_dict) or {"student": student, "status": ERROR, "error": reason,
+                                                    "score": 0.0, "max_score": 0.0, "flags": flags, "sha256": "",
+                                                    **({} if in_gradebook else {NOT_IN_GRADEBOOK: True})}
+        attempt("the result file", lambda: write_json_atomic(self.results_dir / f"{student}.json", data))
+        attempt("the progress line", lambda: self.progress(progress_line(student, result, limits, flags)))
+        return data
+
+    def _record_all(self, found: Found, result, digest: str, timestamp: float | None, tail: str,
+                    data: bytes | None) -> dict:
         from . import gradebook as gbk
         from .export import write_feedback
         from .feedback import bounded, bounded_flags, feedback_html
@@ -382,8 +491,13 @@ class GradingRun:
         def tasks():
             for i, found in todo:
                 claim = found.claim
-                shown = safe(str(claim.path), limits.path_chars)
-                read = read_claim(claim, limits.notebook_bytes)
+                try:
+                    shown = safe(str(claim.path), limits.path_chars)
+                    read = read_claim(claim, limits.notebook_bytes)
+                except Exception as exc:  # noqa: BLE001 - one learner's bytes cost at most their grade
+                    progress.dropped()
+                    self.reports[i] = self._learner_fault(found, "read", exc)
+                    continue
                 if read.data is None:
                     progress.dropped()
                     self.reports[i] = self._not_graded(found, f"{shown} {read.problem}", shown, read.digest)
@@ -403,13 +517,27 @@ class GradingRun:
         try:
             for task, outcome in runner.run(tasks()):
                 found, digest, mtime = by_tag.pop(task["tag"])
-                cohort.replay_log(outcome)
-                result = cohort.result_of(outcome, task, self.grader)
+                try:
+                    cohort.replay_log(outcome)
+                    result = cohort.result_of(outcome, task, self.grader)
+                except Exception as exc:  # noqa: BLE001 - a reply that cannot be read costs only this learner
+                    result = self._unreadable_outcome(found, task, exc)
                 self.reports[task["tag"]] = self._record(found, result, digest, mtime,
                                                          progress.add(result.status, graded=True),
                                                          data=self._graded_bytes.pop(task["tag"], None))
         finally:
             runner.close()
+
+    def _unreadable_outcome(self, found: Found, task: dict, exc: BaseException):
+        """The result of a task whose outcome could not be read back: not graded, flagged."""
+        from .grader import ERROR, Result
+
+        log.error("%s: the outcome of grading could not be read", found.student, exc_info=(type(exc), exc,
+                                                                                            exc.__traceback__))
+        reason = f"its grading result could not be read ({type(exc).__name__}); not graded"
+        found.flags.append(reason)
+        return Result.blank(self.assignment.key, task.get("label", ""), self.grader.parts, student=found.student,
+                            status=ERROR, error=reason, seed=task.get("seed"))
 
     def _sandbox_config(self) -> dict:
         """How a task's grader sandboxes learner code: {"use", "forbidden", "cgroup"} (`cohort.make_task`)."""

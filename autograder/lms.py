@@ -26,6 +26,7 @@ import csv
 import os
 from pathlib import Path
 
+from .logs import log
 from .text import csv_cell
 from .usage import UsageError
 
@@ -86,14 +87,17 @@ def canvas_rows(table: list[dict], key: str, config=None) -> list[list]:
     max_score = max((float(r["max_score"]) for r in rows), default=0.0)
     out: list[list] = [[*CANVAS_COLUMNS, column], ["Points Possible", "", "", "", "", _num(max_score)]]
     for r in rows:
-        sid = str(r["student_id"])
-        info = roster.get(sid) or {}
-        cells = {}
-        for name in CANVAS_COLUMNS:
-            cells[name] = next((str(info[k]) for k in ROSTER_KEYS[name] if info.get(k) not in (None, "")), "")
-        cells[id_column] = sid
-        cells["Student"] = cells["Student"] or sid
-        out.append([*(cells[name] for name in CANVAS_COLUMNS), _num(r["score"])])
+        try:
+            sid = str(r["student_id"])
+            info = roster.get(sid) or {}
+            cells = {}
+            for name in CANVAS_COLUMNS:
+                cells[name] = next((str(info[k]) for k in ROSTER_KEYS[name] if info.get(k) not in (None, "")), "")
+            cells[id_column] = sid
+            cells["Student"] = cells["Student"] or sid
+            out.append([*(cells[name] for name in CANVAS_COLUMNS), _num(r["score"])])
+        except Exception:  # noqa: BLE001 - one row never costs the others theirs; the CSV lists it
+            log.error("a Canvas row could not be written", exc_info=True)
     return out
 
 
@@ -104,9 +108,12 @@ def moodle_rows(table: list[dict], key: str, config=None) -> list[list]:
     _, item = _settings(config, key)
     out: list[list] = [[MOODLE_ID_HEADERS[id_field], "Full name", item]]
     for r in graded(table, key):
-        sid = str(r["student_id"])
-        name = str((roster.get(sid) or {}).get("name") or "")
-        out.append([sid, name, _num(r["score"])])
+        try:
+            sid = str(r["student_id"])
+            name = str((roster.get(sid) or {}).get("name") or "")
+            out.append([sid, name, _num(r["score"])])
+        except Exception:  # noqa: BLE001 - as in canvas_rows
+            log.error("a Moodle row could not be written", exc_info=True)
     return out
 
 

@@ -17,8 +17,8 @@ points and hints, so the instructor grading by hand sees why the grader gave wha
 from __future__ import annotations
 
 import copy
-import json
 import os
+import re
 from pathlib import Path
 
 import nbformat
@@ -70,33 +70,31 @@ def _source(value) -> str:
 
 
 def _learner_cells(data: bytes | None) -> list[dict]:
-    """The learner's cells as {"type", "source", "grade_id"}; [] when the bytes are no notebook."""
-    if not data or data.count(b"[") + data.count(b"{") > DEFAULT.notebook_containers:
-        return []  # what the grader refuses to parse is not parsed here either
-    try:
-        nb = json.loads(data)
-    except (ValueError, RecursionError):
+    """The learner's cells as {"type", "source", "grade_id"}; [] when the bytes are no notebook (read by
+    the grader's one reader, `notebook.parse_notebook`: what it refuses is not shown here either)."""
+    from .notebook import NotebookError, parse_notebook
+
+    if not data:
         return []
-    cells = nb.get("cells") if isinstance(nb, dict) else None
-    if not isinstance(cells, list):
+    try:
+        nb = parse_notebook(data, "submission.ipynb")
+    except NotebookError:
         return []
     out = []
-    for cell in cells[:LEARNER_CELLS]:
-        if not isinstance(cell, dict) or cell.get("cell_type") not in ("code", "markdown", "raw"):
-            continue
-        meta = cell.get("metadata")
-        nbg = meta.get("nbgrader") if isinstance(meta, dict) else None
+    for cell in nb.cells[:LEARNER_CELLS]:
+        nbg = cell["metadata"].get("nbgrader")
         gid = nbg.get("grade_id") if isinstance(nbg, dict) else None
-        out.append({"type": cell["cell_type"], "source": _source(cell.get("source")),
+        out.append({"type": cell["type"], "source": _source(cell["source"]),
                     "grade_id": gid if isinstance(gid, str) else None})
     return out
 
 
 def inert_markdown(text: str) -> str:
     """Learner markdown as a fenced block of literal text: no HTML, link, image or math is rendered."""
-    fence = "~~~"
-    while fence in text:
-        fence += "~"
+    # one tilde more than the longest run of them in the text (found in one pass: a cell of 100,000 tildes
+    # once cost seconds here, growing the fence a tilde at a time)
+    longest = max((len(run) for run in re.findall(r"~+", text)), default=0)
+    fence = "~" * max(3, longest + 1)
     return f"*Markdown cell added or changed by the learner, shown as text:*\n\n{fence}\n{text}\n{fence}"
 
 
@@ -193,8 +191,28 @@ def _beside(claim, name: str) -> bytes | None:
 
 
 def timestamp_bytes(claim) -> bytes | None:
-    """The submission's timestamp.txt (nbgrader's submit writes it; `_beside`)."""
-    return _beside(claim, "timestamp.txt")
+    """The submission's timestamp.txt (nbgrader's submit writes it; `_beside`), copied for nbgrader's tools
+    only where it names a time that `deadlines.submission_time` accepts and nbgrader reads too (None
+    otherwise: the file time is then written in nbgrader's format). A refused time (out of range, in the
+    future, unreadable) never reaches formgrader or release_feedback, which read every learner's."""
+    import datetime as dt
+
+    from .deadlines import EARLIEST, FUTURE_SLACK, parse_timestamp
+
+    stamp = _beside(claim, "timestamp.txt")
+    if stamp is None:
+        return None
+    try:
+        when = parse_timestamp(stamp.decode("utf-8")).astimezone(dt.timezone.utc)
+        if not EARLIEST <= when <= dt.datetime.now(dt.timezone.utc) + FUTURE_SLACK:
+            return None
+        theirs = nbgrader_time(stamp)
+        if theirs is not None and abs((theirs - when.replace(tzinfo=None)).total_seconds()) < 1:
+            return stamp
+        # nbgrader reads it otherwise (a zone name it drops) or not at all: the time we read, as nbgrader writes it
+        return when.strftime("%Y-%m-%d %H:%M:%S.%f UTC").encode()
+    except Exception:  # noqa: BLE001 - learner bytes
+        return None
 
 
 def _one_line(data: bytes) -> str:
@@ -206,7 +224,6 @@ def write_feedback_companions(out: Path, key: str, student: str, claim, mtime: f
     release_feedback reads them (it names the released page by a hash of the secret, which
     fetch_feedback finds again). A submission that did not come through the exchange gets its
     file time and a fresh secret, so that release_feedback runs for everyone."""
-    import datetime as dt
     import secrets as _secrets
 
     folder = out / "feedback" / student / key
@@ -215,7 +232,9 @@ def write_feedback_companions(out: Path, key: str, student: str, claim, mtime: f
     if stamp is not None:
         stamp_text = _one_line(stamp)
     else:
-        when = dt.datetime.fromtimestamp(mtime, dt.timezone.utc) if mtime else dt.datetime.now(dt.timezone.utc)
+        from .deadlines import file_time
+
+        when = file_time(mtime or None)
         stamp_text = when.strftime("%Y-%m-%d %H:%M:%S.%f UTC")
     secret = _beside(claim, "submission_secret.txt")
     secret_text = _one_line(secret) if secret is not None else ""

@@ -11,12 +11,18 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .limits import DEFAULT, Limits
 from .regular_file import ERROR, LINK, read_file
-from .text import safe_list
+from .text import safe, safe_list
+
+
+# A JSON escape of a UTF-16 surrogate: valid JSON, but alone (not one of a pair) it is no character, and
+# writing it out as UTF-8 (an autograded notebook, a page, the gradebook) fails.
+_LONE_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 
 
 class NotebookError(ValueError):
@@ -51,37 +57,85 @@ def read_bytes(path: Path, limit: int) -> bytes:
 
 
 def read_notebook(path: str | Path, limits: Limits = DEFAULT) -> ParsedNotebook:
-    """Parse and check the structure of a notebook file, refusing what is not one."""
+    """Read (`read_bytes`) and parse (`parse_notebook`) a notebook file, refusing what is not one
+    with a `NotebookError`: whatever the file holds, no other exception comes out of here."""
     path = Path(path)
-    raw = read_bytes(path, limits.notebook_bytes)
+    try:
+        raw = read_bytes(path, limits.notebook_bytes)
+    except NotebookError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a learner's file: any failure is the learner's, said once
+        raise NotebookError(f"{_name(path)} could not be read ({type(exc).__name__})") from None
+    return parse_notebook(raw, path, limits)
+
+
+def _name(path) -> str:
+    return safe(Path(path).name, 120)
+
+
+def parse_notebook(raw: bytes, path: str | Path, limits: Limits = DEFAULT) -> ParsedNotebook:
+    """The notebook in `raw` (the bytes of the file `path`, which only names it in messages), its
+    structure checked. This is the one parser of learner notebooks: `grade`, `check`, the Gradescope
+    mode, `similarity` and the autograded notebooks all read through it.
+
+    Anything that is not a notebook the grader can read is a `NotebookError` whose message says why in
+    one phrase, and so is any other failure while parsing (valid JSON can still be refused by Python,
+    e.g. an integer of thousands of digits): reading a learner's bytes can cost that learner's grade,
+    never raise past the caller's guard for one submission."""
+    try:
+        return _parse(raw, Path(path), limits)
+    except NotebookError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - see above
+        raise NotebookError(f"{_name(path)} could not be read as a notebook ({type(exc).__name__})") from None
+
+
+def _parse(raw: bytes, path: Path, limits: Limits) -> ParsedNotebook:
+    name = _name(path)
+    if not isinstance(raw, (bytes, bytearray)):
+        raise NotebookError(f"{name} could not be read (no bytes)")
+    if len(raw) > limits.notebook_bytes:
+        raise NotebookError(f"{name} is {len(raw) / 2**20:.1f} MiB; notebooks over "
+                            f"{limits.notebook_bytes / 2**20:g} MiB are not graded (clear large outputs first)")
     if raw.count(b"[") + raw.count(b"{") > limits.notebook_containers:
-        raise NotebookError(f"{path.name} holds more than {limits.notebook_containers} JSON lists and "
+        raise NotebookError(f"{name} holds more than {limits.notebook_containers} JSON lists and "
                             "objects, far more than any notebook; it is not graded")
     try:
         nb = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
-        raise NotebookError(f"{path.name} is not UTF-8 text, so not a notebook") from None
+        raise NotebookError(f"{name} is not UTF-8 text, so not a notebook") from None
     except json.JSONDecodeError as exc:
-        raise NotebookError(f"{path.name} is not valid notebook JSON (line {exc.lineno}: {exc.msg}); "
+        raise NotebookError(f"{name} is not valid notebook JSON (line {exc.lineno}: {exc.msg}); "
                             "was it truncated or edited by hand?") from None
     except RecursionError:
-        raise NotebookError(f"{path.name} is nested too deeply to be a notebook") from None
+        raise NotebookError(f"{name} is nested too deeply to be a notebook") from None
+    except ValueError as exc:
+        if "integer string conversion" in str(exc) or "digits" in str(exc):
+            raise NotebookError(f"{name} holds a number of thousands of digits, which Python refuses to read; "
+                                "no notebook Jupyter writes has one") from None
+        raise NotebookError(f"{name} could not be read as notebook JSON ({type(exc).__name__})") from None
     if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
-        raise NotebookError(f"{path.name} has no list of cells, so it is not a Jupyter notebook")
+        raise NotebookError(f"{name} has no list of cells, so it is not a Jupyter notebook")
+    if _LONE_SURROGATE.search(raw):  # only then the costlier check: a pair of escapes is one character
+        try:
+            json.dumps(nb, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise NotebookError(f"{name} holds text that is not valid Unicode (an escaped lone surrogate), which no "
+                                "notebook Jupyter writes has") from None
     if nb.get("nbformat") != 4:
-        raise NotebookError(f"{path.name} uses notebook format {str(nb.get('nbformat'))[:20]!r}; only format 4 "
+        raise NotebookError(f"{name} uses notebook format {str(nb.get('nbformat'))[:20]!r}; only format 4 "
                             "is graded (save it from a current Jupyter, VS Code or Colab)")
     if len(nb["cells"]) > limits.notebook_cells:
-        raise NotebookError(f"{path.name} has {len(nb['cells'])} cells; at most {limits.notebook_cells} are graded")
+        raise NotebookError(f"{name} has {len(nb['cells'])} cells; at most {limits.notebook_cells} are graded")
     cells = []
     for i, cell in enumerate(nb["cells"]):
         if not isinstance(cell, dict) or cell.get("cell_type") not in ("code", "markdown", "raw"):
-            raise NotebookError(f"{path.name}: cell {i + 1} is malformed")
+            raise NotebookError(f"{name}: cell {i + 1} is malformed")
         src = cell.get("source", "")
         if isinstance(src, list) and all(isinstance(s, str) for s in src):
             src = "".join(src)
         if not isinstance(src, str):
-            raise NotebookError(f"{path.name}: cell {i + 1} has a malformed source")
+            raise NotebookError(f"{name}: cell {i + 1} has a malformed source")
         meta = cell.get("metadata") if isinstance(cell.get("metadata"), dict) else {}
         cells.append({"index": i + 1, "type": cell["cell_type"], "source": src, "metadata": meta})
     metadata = nb.get("metadata") if isinstance(nb.get("metadata"), dict) else {}

@@ -82,7 +82,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .limits import DEFAULT, Limits
-from .notebook import ParsedNotebook, is_test_cell, read_notebook
+from .logs import log
+from .notebook import NotebookError, ParsedNotebook, is_test_cell, read_notebook
+from .notebook import parse_notebook as read_learner_notebook
 from .text import safe
 from .usage import UsageError, known_assignment
 
@@ -617,33 +619,12 @@ def compare(exercise: Exercise, subs: list[Answers]) -> dict:
 # --- reading --------------------------------------------------------------------------------
 
 def parse_notebook(raw: bytes, name: str, limits: Limits = DEFAULT) -> ParsedNotebook:
-    """A notebook from the bytes `read_claim` read (the checks of `notebook.read_notebook`, in memory)."""
-    if raw.count(b"[") + raw.count(b"{") > limits.notebook_containers:
-        raise NotCompared("it holds more JSON lists and objects than any notebook")
+    """A notebook from the bytes `read_claim` read, by the grader's own reader (`notebook.parse_notebook`):
+    what `grade` refuses to read is not compared either (NotCompared, with the reader's reason)."""
     try:
-        nb = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise NotCompared("it is not UTF-8 text, so not a notebook") from None
-    except json.JSONDecodeError as exc:
-        raise NotCompared(f"it is not valid notebook JSON (line {exc.lineno}: {exc.msg})") from None
-    except RecursionError:
-        raise NotCompared("it is nested too deeply to be a notebook") from None
-    if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
-        raise NotCompared("it has no list of cells, so it is not a Jupyter notebook")
-    if len(nb["cells"]) > limits.notebook_cells:
-        raise NotCompared(f"it has more than {limits.notebook_cells} cells")
-    cells = []
-    for i, cell in enumerate(nb["cells"]):
-        if not isinstance(cell, dict) or cell.get("cell_type") not in ("code", "markdown", "raw"):
-            continue
-        src = cell.get("source", "")
-        if isinstance(src, list) and all(isinstance(s, str) for s in src):
-            src = "".join(src)
-        if not isinstance(src, str):
-            continue
-        meta = cell.get("metadata") if isinstance(cell.get("metadata"), dict) else {}
-        cells.append({"index": i + 1, "type": cell["cell_type"], "source": src, "metadata": meta})
-    return ParsedNotebook(path=Path(name), cells=cells, metadata={})
+        return read_learner_notebook(raw, name, limits)
+    except NotebookError as exc:
+        raise NotCompared(str(exc)) from None
 
 
 def reference_cells(assignment) -> list[dict] | None:
@@ -688,16 +669,21 @@ def similarity_report(paths: list[str], key: str, out: Path | None = None, limit
             if found.claim is None or found.problem:
                 not_compared.append({"student": who, "reason": safe(found.problem, limits.error_chars)})
                 continue
-            got = read_claim(found.claim, limits.notebook_bytes)
-            if got.data is None:
-                not_compared.append({"student": who, "reason": f"{safe(str(found.claim.path), limits.path_chars)} "
-                                     f"{got.problem}"})
-                continue
             try:
+                got = read_claim(found.claim, limits.notebook_bytes)
+                if got.data is None:
+                    not_compared.append({"student": who, "reason": f"{safe(str(found.claim.path), limits.path_chars)} "
+                                         f"{got.problem}"})
+                    continue
                 nb = parse_notebook(got.data, str(found.claim.path), limits)
                 answers = exercise.answers(nb, who)
             except NotCompared as exc:
-                not_compared.append({"student": who, "reason": str(exc)})
+                not_compared.append({"student": who, "reason": safe(str(exc), limits.error_chars)})
+                continue
+            except Exception as exc:  # noqa: BLE001 - one learner's bytes never cost the class its report
+                log.warning("similarity: %s not compared", who, exc_info=True)
+                not_compared.append({"student": who, "reason": f"it could not be read and compared "
+                                     f"({type(exc).__name__})"})
                 continue
             if not answers.text:
                 not_compared.append({"student": who, "reason": "it answers no part (every answer is the stub as given)"})

@@ -91,6 +91,7 @@ class _Scanner:
         self.flag_counts: dict[str, int] = defaultdict(int)
         self.rejected: list[Rejected] = []
         self.total = 0
+        self.broken: dict[str, str] = {}  # student -> why their entry could not be scanned (`_guarded`)
 
     def show(self, path) -> str:
         return safe(str(path), self.limits.path_chars)
@@ -145,30 +146,54 @@ class _Scanner:
         return f"is a notebook that is not at the layout's place ({where}); not graded"
 
     def folder(self, base: Path, fd: int) -> None:
-        """DIR: one STUDENT.ipynb or one STUDENT/ folder per student."""
-        for name, st, kind in self._entries(fd):
-            if self._ignored(name, st, kind):
-                continue
-            path = base / name
-            if name.startswith("."):
-                self.reject(path, self._why_not(name, kind, ""))
-                continue
-            if kind == "dir":
-                problem = student_id_problem(name, self.key)
-                if problem:
-                    self.reject(path, f"is a folder whose name {problem}; not searched")
-                    continue
-                self.student_folder(base, name, fd)
-                continue
-            if not name.endswith(".ipynb"):
-                self.reject(path, KIND_REASONS.get(kind, "is not named *.ipynb") + "; not graded")
-                continue
-            student = name[: -len(".ipynb")]
-            problem = student_id_problem(student, self.key)
+        """DIR: one STUDENT.ipynb or one STUDENT/ folder per student. Each entry is scanned under its own
+        guard (`_guarded`): whatever one learner's entry holds, the others are scanned."""
+        try:
+            for name, st, kind in self._entries(fd):
+                self._guarded(base, name, lambda: self._top_entry(base, fd, name, st, kind))
+        except Exception as exc:  # noqa: BLE001 - the folder's listing itself broke off: say so, keep what was found
+            self.reject(base, f"could not be read to the end ({type(exc).__name__}); entries may be missing")
+
+    def _guarded(self, base: Path, name: str, scan) -> None:
+        """Run `scan` (one entry of DIR); any exception in it costs only the student the entry names: that
+        student's submission is not graded, with the reason, and nobody else's scan is touched."""
+        try:
+            scan()
+        except Exception as exc:  # noqa: BLE001 - learner file and folder names and contents are hostile
+            student = name[: -len(".ipynb")] if name.endswith(".ipynb") else name
+            reason = f"could not be scanned ({type(exc).__name__}); not graded"
+            try:
+                an_id = bool(student) and not student_id_problem(student, self.key)
+            except Exception:  # noqa: BLE001
+                an_id = False
+            if an_id:
+                self.broken[student] = f"{self.show(base / name)} {reason}"
+            else:
+                self.reject(base / name, reason)
+
+    def _top_entry(self, base: Path, fd: int, name: str, st, kind: str) -> None:
+        if self._ignored(name, st, kind):
+            return
+        path = base / name
+        if name.startswith("."):
+            self.reject(path, self._why_not(name, kind, ""))
+            return
+        if kind == "dir":
+            problem = student_id_problem(name, self.key)
             if problem:
-                self.reject(path, f"is a notebook whose name {problem}; not graded")
-                continue
-            self.claim(student, base, (name,), kind, st)
+                self.reject(path, f"is a folder whose name {problem}; not searched")
+                return
+            self.student_folder(base, name, fd)
+            return
+        if not name.endswith(".ipynb"):
+            self.reject(path, KIND_REASONS.get(kind, "is not named *.ipynb") + "; not graded")
+            return
+        student = name[: -len(".ipynb")]
+        problem = student_id_problem(student, self.key)
+        if problem:
+            self.reject(path, f"is a notebook whose name {problem}; not graded")
+            return
+        self.claim(student, base, (name,), kind, st)
 
     def student_folder(self, base: Path, student: str, parent_fd: int) -> None:
         """DIR/STUDENT/: KEY.ipynb, or KEY/KEY.ipynb (nbgrader)."""
@@ -231,35 +256,43 @@ class _Scanner:
         for student, claims in self.claims.items():
             groups[student.lower()] += claims
         found = []
-        for student in sorted(set(self.claims) | set(self.folders)):
-            flags = sorted(self.flags.get(student, []))
-            more = self.flag_counts.get(student, 0) - len(flags)
-            if flags:
-                flags[0] = f"its folder holds entries that were not graded: {flags[0]}"
-            if more > 0:
-                flags.append(f"… {more:,} more entries of its folder not graded")
-            claims = self.claims.get(student, [])
-            group = groups.get(student.lower(), [])
-            if len(group) > 1:
-                names = [self.show(c.path) for c in group[: self.limits.flags]]
-                if len(group) > self.limits.flags:
-                    names.append(f"… {len(group) - self.limits.flags} more")
-                case = any(c.student != student for c in group)
-                found.append(Found(student, None, (
-                    f"{len(group)} notebooks claim the student id {student}"
-                    + (" (or an id that differs from it only in case)" if case else "")
-                    + ": " + ", ".join(names) + "; none of them is graded until only one is left"), flags))
-            elif claims and claims[0].kind != "file":
-                found.append(Found(student, claims[0], f"{self.show(claims[0].path)} {KIND_REASONS[claims[0].kind]}; "
-                                   "not graded: hand in the notebook file itself", flags))
-            elif claims:
-                found.append(Found(student, claims[0], "", flags))
-            else:
-                folder = self.show(self.folders[student])
-                found.append(Found(student, None, (
-                    f"no notebook in {folder} at {self.key}/{self.key}.ipynb or {self.key}.ipynb; nothing was graded"),
-                    flags))
+        for student in sorted(set(self.claims) | set(self.folders) | set(self.broken)):
+            try:
+                found.append(self._found(student, groups))
+            except Exception as exc:  # noqa: BLE001 - one student's claims never stop the others'
+                found.append(Found(student, None, f"{self.show(student)}'s submission could not be scanned "
+                                   f"({type(exc).__name__}); not graded"))
         return Scan(found, sorted(self.rejected, key=lambda r: r.path), self.total)
+
+    def _found(self, student: str, groups: dict) -> Found:
+        flags = sorted(self.flags.get(student, []))
+        more = self.flag_counts.get(student, 0) - len(flags)
+        if flags:
+            flags[0] = f"its folder holds entries that were not graded: {flags[0]}"
+        if more > 0:
+            flags.append(f"… {more:,} more entries of its folder not graded")
+        if student in self.broken:
+            return Found(student, None, self.broken[student], flags)
+        claims = self.claims.get(student, [])
+        group = groups.get(student.lower(), [])
+        if len(group) > 1:
+            names = [self.show(c.path) for c in group[: self.limits.flags]]
+            if len(group) > self.limits.flags:
+                names.append(f"… {len(group) - self.limits.flags} more")
+            case = any(c.student != student for c in group)
+            return Found(student, None, (
+                f"{len(group)} notebooks claim the student id {student}"
+                + (" (or an id that differs from it only in case)" if case else "")
+                + ": " + ", ".join(names) + "; none of them is graded until only one is left"), flags)
+        if claims and claims[0].kind != "file":
+            return Found(student, claims[0], f"{self.show(claims[0].path)} {KIND_REASONS[claims[0].kind]}; "
+                         "not graded: hand in the notebook file itself", flags)
+        if claims:
+            return Found(student, claims[0], "", flags)
+        folder = self.show(self.folders[student])
+        return Found(student, None, (
+            f"no notebook in {folder} at {self.key}/{self.key}.ipynb or {self.key}.ipynb; nothing was graded"),
+            flags)
 
 
 def find_submissions(paths: list[str], key: str, limits: Limits = DEFAULT, out: Path | None = None) -> Scan:
@@ -275,22 +308,29 @@ def find_submissions(paths: list[str], key: str, limits: Limits = DEFAULT, out: 
     scanner = _Scanner(key, limits, skip)
     seen_dirs = set()
     for p in map(Path, paths):
-        if p.is_dir():  # a folder given on the command line is the instructor's: followed if a link
-            try:
-                fd = os.open(p, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            except OSError as exc:
-                scanner.reject(p, f"could not be read ({exc.strerror})")
-                continue
-            try:
-                st = os.fstat(fd)
-                if (st.st_dev, st.st_ino) not in seen_dirs:
-                    seen_dirs.add((st.st_dev, st.st_ino))
-                    scanner.folder(p, fd)
-            finally:
-                os.close(fd)
-        else:
-            scanner.file(p)
+        try:
+            _scan_given(scanner, p, seen_dirs)
+        except Exception as exc:  # noqa: BLE001 - one given path never stops the scan of the others
+            scanner.reject(p, f"could not be scanned ({type(exc).__name__})")
     return scanner.result()
+
+
+def _scan_given(scanner: _Scanner, p: Path, seen_dirs: set) -> None:
+    if p.is_dir():  # a folder given on the command line is the instructor's: followed if a link
+        try:
+            fd = os.open(p, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as exc:
+            scanner.reject(p, f"could not be read ({exc.strerror})")
+            return
+        try:
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) not in seen_dirs:
+                seen_dirs.add((st.st_dev, st.st_ino))
+                scanner.folder(p, fd)
+        finally:
+            os.close(fd)
+    else:
+        scanner.file(p)
 
 
 @dataclass

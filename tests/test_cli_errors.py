@@ -92,3 +92,15 @@ def test_the_command_line_itself(tmp_path):
         proc = run_cli(*args, timeout=300)
         assert proc.returncode == 2 and proc.stdout == "", (args, proc.stderr)
         assert len(proc.stderr.strip().splitlines()) == 1 and proc.stderr.startswith("error: "), proc.stderr
+
+
+def test_an_unknown_assignment_named_by_a_notebook_is_shown_cut(tmp_path):
+    """Is an exercise key taken from a learner's notebook (its course metadata, here a megabyte long) shown
+    escaped and cut in the one-line error, not echoed whole?"""
+    from autograder.usage import UsageError, known_assignment
+
+    with pytest.raises(UsageError) as info:
+        known_assignment("x\x1b[2J" * 200_000)
+    message = str(info.value)
+    assert message.startswith("unknown assignment 'x\\x1b[2J") and len(message) < 400 and "\x1b" not in message
+    assert "more characters)" in message and "(known: 01_seq2seq" in message

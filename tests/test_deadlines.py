@@ -85,6 +85,14 @@ REFUSED = [
     (b"2026-12-01 10:00:00 UTC" + b" " * 300, "is over 200 bytes"),
     (b"\xff\xfe2026", "is not UTF-8 text"),
     (b"2026-12-01 10:00:00 UTC\x1b[2J", "is not a date and time"),
+    # at the edges of the calendar: moved to UTC they leave it (OverflowError), which stopped a whole batch
+    (b"9999-12-31 23:59:59-05:00", "is not a time this grader can represent"),
+    (b"9999-12-31T23:59:59.999999-18:00", "is not a time this grader can represent"),
+    (b"0001-01-01 00:00:00+05:00", "is not a time this grader can represent"),
+    (b"0001-01-01 00:00 NZDT", "is not a time this grader can represent"),
+    (b"9999-12-31 22:00:00 EDT", "is not a time this grader can represent"),
+    (b"9999-12-31 23:59:59 Pacific/Kiritimati", "which is in the future"),
+    (b"0001-01-01 00:00:00 America/New_York", "which is before 2000"),
 ]
 
 
@@ -120,6 +128,16 @@ def test_no_timestamp_is_the_file_time_without_a_note(tmp_path):
     assert submission_time(nb, MTIME, base=tmp_path / "submitted", notes=notes, now=NOW) == (
         dt.datetime.fromtimestamp(MTIME, UTC), FROM_FILE_TIME)
     assert notes == []
+
+
+@pytest.mark.parametrize("mtime", [1e20, -1e20, float("nan"), float("inf")])
+def test_a_file_time_out_of_the_calendar_is_now(tmp_path, mtime):
+    """A learner's archive can carry any file time: one the calendar cannot hold is replaced by now
+    (and a stamp beside it that cannot be read costs nothing more), never an exception."""
+    nb = submitted(tmp_path, b"9999-12-31 23:59:59-05:00")
+    notes = []
+    assert submission_time(nb, mtime, base=tmp_path / "submitted", notes=notes, now=NOW) == (NOW, FROM_FILE_TIME)
+    assert "not a time this grader can represent" in notes[0]
 
 
 # --- the policies -------------------------------------------------------------------------
@@ -277,3 +295,26 @@ def test_grade_applies_the_late_policy_everywhere(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = {r["student_id"]: r for r in csv.DictReader(open(course / "03_qkv_grades.csv", encoding="utf-8"))}
     assert (float(rows["bob"]["score"]), float(rows["bob"]["late_penalty"])) == (26.0, 0.0)
+
+
+def test_what_nbgrader_reads_beside_the_feedback_is_the_time_the_grader_used(tmp_path):
+    """Is the timestamp.txt copied for nbgrader's tools (formgrader, release_feedback) one that names the
+    time `grade` used: the learner's own where nbgrader reads it alike, the same time in nbgrader's format
+    where nbgrader would read it otherwise (it drops a zone name such as CEST), none where it was refused?"""
+    from nbgrader.utils import parse_utc
+
+    from autograder.nbgrader_course import timestamp_bytes
+    from autograder.submissions import Claim
+
+    for stamp, kept in ((b"2026-12-01 10:00:00.000000 UTC", True), (b"2026-12-01 10:00:00 CEST", False),
+                        (b"2026-12-01 10:00:00 Europe/Berlin", True), (b"9999-12-31 23:59:59-05:00", None),
+                        (b"2099-01-01 00:00:00 UTC", None)):
+        nb = submitted(tmp_path / stamp.hex(), stamp)
+        claim = Claim("alice", nb.parents[2], ("alice", "03_qkv", "03_qkv.ipynb"), "file")
+        copied = timestamp_bytes(claim)
+        if kept is None:
+            assert copied is None, stamp
+            continue
+        assert (copied == stamp) is kept, (stamp, copied)
+        used, _ = submission_time(nb, MTIME, base=nb.parents[2], now=NOW + dt.timedelta(days=3650))
+        assert parse_utc(copied.decode()) == used.replace(tzinfo=None), (stamp, copied)

@@ -64,3 +64,65 @@ def test_reader_reads_what_nbformat_reads():
         assert [c["source"] for c in ours.cells] == [c.source for c in theirs.cells]
         assert [c["type"] for c in ours.cells] == [c.cell_type for c in theirs.cells]
         assert ours.assignment == a.key
+
+
+def _refused_by_python() -> list[tuple[str, str]]:
+    """(name, text): valid JSON that Python's json refuses to turn into values (an integer of more than
+    4,300 digits), at the places a notebook holds numbers."""
+    huge = "9" * 5000
+
+    def at(path: list, value: str) -> str:
+        d = _valid()
+        target = d
+        for key in path[:-1]:
+            target = target[key]
+        target[path[-1]] = "@@HUGE@@"
+        return json.dumps(d).replace('"@@HUGE@@"', value)
+
+    return [("nbformat_minor", at(["nbformat_minor"], huge)),
+            ("notebook metadata", at(["metadata", "x"], huge)),
+            ("execution count", at(["cells", 1, "execution_count"], huge)),
+            ("nbgrader points", at(["cells", 1, "metadata", "nbgrader_points"], "-" + huge)),
+            ("in a list", at(["metadata", "y"], "[1, 2, " + huge + "]"))]
+
+
+@pytest.mark.parametrize("name,text", _refused_by_python(), ids=[c[0] for c in _refused_by_python()])
+def test_valid_json_python_refuses_is_the_learners_error_in_every_reader(tmp_path, name, text):
+    """Is a notebook that holds an integer of thousands of digits (valid JSON, refused by Python with a
+    plain ValueError) the learner's error with one sentence in every command's reader, never a grader
+    error: `grade` and `check` (the Grader, as the Gradescope mode too), `similarity`, the autograded
+    notebook's frame?"""
+    from autograder.grader import ERROR
+    from autograder.nbgrader_course import _learner_cells
+    from autograder.notebook import parse_notebook
+    from autograder.similarity import NotCompared
+    from autograder.similarity import parse_notebook as similarity_parse
+    from autograder.usage import course_grader
+
+    path = tmp_path / "nb.ipynb"
+    path.write_text(text, encoding="utf-8")
+    for read in (lambda: read_notebook(path), lambda: parse_notebook(text.encode(), "nb.ipynb")):
+        with pytest.raises(NotebookError, match="a number of thousands of digits") as info:
+            read()
+        assert str(info.value).count(". ") == 0 and len(str(info.value)) < 200  # one sentence
+    with pytest.raises(NotCompared, match="thousands of digits"):
+        similarity_parse(text.encode(), "nb.ipynb")
+    assert _learner_cells(text.encode()) == []
+    result = course_grader(KEY, sandbox=None).grade(path, student="x", seed=1)
+    assert (result.status, result.score) == (ERROR, 0.0) and "thousands of digits" in result.error
+
+
+def test_any_failure_while_parsing_is_a_notebook_error(monkeypatch):
+    """Whatever the parser raises (here: each kind of exception from json.loads), the reader says so as the
+    learner's NotebookError, naming the kind; nothing else comes out of it."""
+    import autograder.notebook as notebook
+
+    raw = get_assignment(KEY).notebook.read_bytes()
+    for exc in (ValueError("x"), OverflowError("x"), MemoryError(), KeyError("x"), TypeError("x"),
+                IndexError("x"), UnicodeError("x")):
+        def boom(*a, exc=exc, **k):
+            raise exc
+        monkeypatch.setattr(notebook.json, "loads", boom)
+        with pytest.raises(NotebookError, match=rf"nb\.ipynb could not be read as (notebook JSON|a notebook) "
+                                               rf"\({type(exc).__name__}\)|not UTF-8"):
+            notebook.parse_notebook(raw, "nb.ipynb")

@@ -9,6 +9,7 @@ import html
 import io
 import json
 import logging
+import re
 
 import pytest
 
@@ -148,3 +149,16 @@ def test_flag_lists_keep_their_own_count():
     assert bounded_flags(flags) == flags
     many = bounded_flags([HOSTILE] * 100)
     assert len(many) == DEFAULT.flags + 1 and many[-1] == "… 95 more reasons" and not unsafe_chars("".join(many))
+
+
+@pytest.mark.parametrize("text", ["~~~", "a ~~~~~ b\n~~~~~~~~\n", "~" * 100_000, "no fence at all", ""])
+def test_learner_markdown_is_fenced_past_its_longest_run_of_tildes(text):
+    """Is a learner's markdown cell shown as literal text inside a fence one tilde longer than any run of
+    tildes in it (found in one pass), so the text can never close the fence early?"""
+    from autograder.nbgrader_course import inert_markdown
+
+    shown = inert_markdown(text)
+    fence = shown.rsplit("\n", 1)[1]
+    runs = [len(run) for run in re.findall("~+", text)]
+    assert set(fence) == {"~"} and len(fence) == max(3, max(runs, default=0) + 1)
+    assert shown.endswith(f"\n{fence}\n{text}\n{fence}")

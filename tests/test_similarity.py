@@ -199,6 +199,10 @@ def test_command_line_report(tmp_path):
         (subs / who / f"{KEY}.ipynb").write_text(json.dumps(nb))
     (subs / "dave.ipynb").write_text("{not json")
     (subs / "<script>x.ipynb").write_text("{}")
+    # valid JSON that Python refuses to read (an integer of 5,000 digits): erin's loss only, with a sentence
+    erin = json.loads(get_assignment(KEY).notebook.read_text())
+    erin["metadata"]["x"] = "@@"
+    (subs / "erin.ipynb").write_text(json.dumps(erin).replace('"@@"', "9" * 5000))
     out = tmp_path / "grading"
     proc = run_cli("similarity", str(subs), "--assignment", KEY, "--out", str(out))
     assert proc.returncode == 0, proc.stderr
@@ -208,6 +212,8 @@ def test_command_line_report(tmp_path):
     assert {r["student"] for r in report["reference"]} == {"alice", "bob"}
     reasons = " ".join(n["reason"] for n in report["not_compared"])
     assert "dave" in json.dumps(report["not_compared"]) and "not valid notebook JSON" in reasons
+    assert {"student": "erin", "reason": "erin.ipynb holds a number of thousands of digits, which Python refuses "
+            "to read; no notebook Jupyter writes has one"} in report["not_compared"]
     page = (out / "similarity" / f"{KEY}.html").read_text()
     assert "<script>" not in page and "&lt;script&gt;" in page
     assert "not compared" in (out / "similarity" / f"{KEY}.txt").read_text()
@@ -316,3 +322,30 @@ def test_command_line_json(tmp_path):
     assert printed == json.loads((out / "similarity" / f"{KEY}.json").read_text())
     assert printed["compared"] == 2 and printed["identical"][0]["students"] == ["ann", "ben"]
     assert printed["near_pairs_total"] == len(printed["near_pairs"])
+
+
+def test_one_learner_that_breaks_the_comparison_costs_only_their_place_in_it(tmp_path, monkeypatch):
+    """Does any exception while one learner's notebook is read and normalised leave that learner out of the
+    report, with the reason, and the others compared as before?"""
+    from autograder.similarity import Exercise, similarity_report
+
+    subs = tmp_path / "submitted"
+    subs.mkdir()
+    ref = reference_answers()
+    for who in ("alice", "bob", "mallory"):
+        nb = json.loads(get_assignment(KEY).notebook.read_text())
+        for cell in nb["cells"]:
+            cell["source"] = ref.get(cell["metadata"].get("nbgrader", {}).get("grade_id"), cell["source"])
+        (subs / f"{who}.ipynb").write_text(json.dumps(nb))
+    real = Exercise.answers
+
+    def answers(self, nb, who, *args, **kwargs):
+        if who == "mallory":
+            raise OverflowError("a learner's value")
+        return real(self, nb, who, *args, **kwargs)
+
+    monkeypatch.setattr(Exercise, "answers", answers)
+    report = similarity_report([str(subs)], KEY)
+    assert report["compared"] == 2 and report["identical"][0]["students"] == ["alice", "bob"]
+    assert report["not_compared"] == [{"student": "mallory",
+                                       "reason": "it could not be read and compared (OverflowError)"}]
