@@ -17,7 +17,9 @@ and workers and nannies answer a `run` request on their own ports. Hence:
   scratch folder, which every Dask node puts first on its `sys.path` (the scheduler in
   the grading process too), is a fresh 0700 folder of the grading process, not the
   shared `/tmp/dask-scratch-space`, which any local user can create first and then swap
-  a folder of its own for the node's;
+  a folder of its own for the node's. The job processes start as every helper process of
+  the course does, isolated from the grading process's Python environment
+  (`processes.isolate_spawned`: `-I`, and only the allow-listed variables);
 * an existing cluster (`--scheduler ADDRESS`) is used only over TLS (`tls://`) with the
   credentials of Dask's configuration (`distributed.comm.tls.ca-file`,
   `distributed.comm.tls.client.cert` and `.key`); any other address (`tcp://`, `ws://`,
@@ -39,6 +41,8 @@ from distributed import Client, LocalCluster
 from distributed.comm import parse_address
 from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.security import Security
+
+from .processes import isolate_spawned
 
 TLS_SCHEMES = ("tls",)  # the Dask comm that authenticates both ends (Dask's TLS settings)
 NO_HTTP = {"distributed.scheduler.http.routes": [], "distributed.worker.http.routes": []}
@@ -123,6 +127,9 @@ class LocalGrading:
     def __init__(self, jobs: int):
         self.scratch = tempfile.mkdtemp(prefix="autograder-dask-")  # 0700, a fresh name: nobody else's
         self.cluster = self.client = None
+        # Each job process (and any the nanny starts again) starts as `python -I` with the allow-listed
+        # environment, not with this process's PYTHONPATH, LD_PRELOAD and the like, until close()
+        self._isolated = isolate_spawned()
         try:
             self.security = temporary_security()
             # Read when each node starts (a nanny keeps this configuration for the workers it
@@ -153,6 +160,7 @@ class LocalGrading:
                     self.cluster.close()
             finally:
                 shutil.rmtree(self.scratch, ignore_errors=True)
+                self._isolated()
 
 
 def remote_client(address: str, security: Security, timeout: float) -> Client:

@@ -6,14 +6,19 @@ image) and `run_autograder` (run for every submission, in /autograder); the zip'
 unpacked into /autograder/source, the learner's files are in /autograder/submission, and
 /autograder/results/results.json is what Gradescope reads: an overall `score`, `execution_time`,
 `output`, `visibility`, `stdout_visibility` and `tests`, one per hidden check (`name`, `score`,
-`max_score`, `status`, `output`, `visibility`).
+`max_score`, `status`, `output`, `visibility`); every text is marked plain text (`output_format`,
+`test_output_format`, `test_name_format`, and each test's `output_format` and `name_format`:
+"text"), never rendered as HTML or Markdown.
 
 Isolation. In Gradescope's container the hidden tests and the reference sit beside the learner's
 code, the whole runs as root, and a learner's code could write results.json itself. The learner's
 worker therefore runs in the course's sandbox (bubblewrap, autograder/sandbox.py) where it works;
 where bubblewrap cannot start there (a container without the rights it needs), it runs as an
 unprivileged uid of its own (`UidIsolation`), with the course and the results folder closed to
-other users; where neither is possible the notebook is not graded, and results.json says so.
+other users, as the OOM killer's first choice, and with every process of its uid killed when it
+ends; where neither is possible the notebook is not graded, and results.json says so.
+`run_autograder` starts the grader isolated from the harness's environment (`python -I`, the
+variables of `processes.ENV_NAMES` only), as every process the course starts.
 
 `AUTOGRADER_ROOT` (default /autograder) moves the whole tree, so tests run `run_autograder` in a
 temporary folder.
@@ -49,9 +54,16 @@ def write_results(path: Path, results: dict) -> None:
     os.replace(tmp, path)
 
 
+# Every text of results.json is shown as plain text: Gradescope's default for the output
+# ("simple_format") lets HTML through, and "md" or "html" would render a learner's text (a hint
+# quoting a value, a file name) as markup. Set on the top level and on every test.
+PLAIN = {"output_format": "text", "test_output_format": "text", "test_name_format": "text"}
+PLAIN_TEST = {"output_format": "text", "name_format": "text"}
+
+
 def not_graded(sentence: str, start: float) -> dict:
     """A results.json for a submission that was not graded: 0 points and one sentence saying why."""
-    return {"score": 0.0, "execution_time": int(time.monotonic() - start), "output": sentence,
+    return {"score": 0.0, "execution_time": int(time.monotonic() - start), "output": sentence, **PLAIN,
             "visibility": "visible", "stdout_visibility": "hidden", "tests": []}
 
 
@@ -66,7 +78,7 @@ def results_of(result, limits, titles: dict, start: float) -> dict:
         part = titles.get(c.part) or c.part
         tests.append({"name": safe(f"{part}: {c.title}", 300), "score": float(c.points),
                       "max_score": float(c.max_points), "status": "passed" if c.passed else "failed",
-                      "output": "" if c.passed else c.hint, "visibility": "visible"})
+                      "output": "" if c.passed else c.hint, **PLAIN_TEST, "visibility": "visible"})
     lines = [f"{r.assignment}: {r.score:g} / {r.max_score:g} points."]
     if r.status == GRADER_ERROR:
         lines.append(f"Some checks could not run: {NOT_YOURS}")
@@ -74,7 +86,8 @@ def results_of(result, limits, titles: dict, start: float) -> dict:
         lines.append(f"Your notebook was not graded: {r.error}")
     lines += [f"Note: {n}" for n in r.notes]
     return {"score": float(round(r.score, 4)), "execution_time": int(time.monotonic() - start),
-            "output": "\n".join(lines), "visibility": "visible", "stdout_visibility": "hidden", "tests": tests}
+            "output": "\n".join(lines), **PLAIN, "visibility": "visible", "stdout_visibility": "hidden",
+            "tests": tests}
 
 
 # --- the submission --------------------------------------------------------------------------------------
@@ -98,8 +111,12 @@ def find_notebook(folder: Path, max_bytes: int) -> tuple[Path | None, str]:
     if len(found) > 1:
         names = ", ".join(safe(str(p.relative_to(folder)), 100) for p in found[:5])
         return None, f"Your submission holds {len(found)} notebooks ({names}): submit only the exercise's notebook."
-    size = found[0].lstat().st_size
-    if not stat.S_ISREG(found[0].lstat().st_mode) or size > max_bytes:
+    st = found[0].lstat()
+    size = st.st_size
+    if not stat.S_ISREG(st.st_mode):
+        return None, (f"{safe(found[0].name, 100)} is not a regular file (a pipe, a device or a socket): submit the "
+                      "notebook file itself.")
+    if size > max_bytes:
         return None, (f"{safe(found[0].name, 100)} is larger than the grader accepts ({size:,} bytes, at most "
                       f"{max_bytes:,}): clear its outputs (Kernel, Restart and Clear Output) and submit it again.")
     return found[0], ""
@@ -126,8 +143,11 @@ class UidIsolation:
     What protects the grade: the uid cannot read the course (hidden tests, reference) nor write
     the results folder, both closed to other users by `close` (mode 0700, owned by root); the
     worker gets no capabilities, no_new_privs, and the sandbox's process, file, CPU and memory
-    limits (prlimit). What this does not do, unlike bubblewrap: hide the rest of the file system
-    (what other users may read stays readable), cut the network, or filter system calls."""
+    limits (prlimit); it is the kernel OOM killer's first choice (oom_score_adj 1000, set as root
+    before the uid is dropped, so that it cannot lower it), and when it ends every process of its
+    uid is killed (`UidPool.end`): nothing it started outlives it. What this does not do, unlike
+    bubblewrap: hide the rest of the file system (what other users may read stays readable), cut
+    the network, filter system calls, or cap the memory of all its processes together."""
 
     def __init__(self, limits, python: str = sys.executable):
         from .sandbox import Wrapped
@@ -170,7 +190,9 @@ class UidIsolation:
         os.chown(home, uid, uid)
         os.chmod(home, 0o700)
         lim = self.limits
-        argv = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all",
+        # the first process volunteers for the OOM killer as root (the uid could not lower it again)
+        argv = ["sh", "-c", 'echo 1000 > /proc/self/oom_score_adj && exec "$@"', "autograder-worker",
+                "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all",
                 "--bounding-set=-all", "--no-new-privs", "--",
                 "prlimit", f"--nproc={lim.sandbox_processes}", f"--fsize={lim.sandbox_file_size}",
                 f"--nofile={lim.sandbox_open_files}", f"--cpu={lim.sandbox_cpu_seconds}", "--core=0",
@@ -179,8 +201,13 @@ class UidIsolation:
                 "sh", "-c", '"$@"; exit $?', "autograder-worker",
                 self.python, "-I", str(self.folder / Path(files[0]).name), *argv_tail]
         inner = dict(env, HOME=str(home), TMPDIR=str(home), USER="learner", LOGNAME="learner")
+        from .uids import ender
+
+        # once the worker's first process has ended: kill everything of its uid, then clean up
+        release = ender(self.uids, uid, lambda: shutil.rmtree(home, ignore_errors=True))
+
         return self._wrapped(argv=argv, pass_fds=tuple(extra_fds), env=inner, cwd=str(home), uid=uid,
-                             release=lambda: shutil.rmtree(home, ignore_errors=True))
+                             release=release)
 
     def probe(self) -> None:
         """Start Python once as a worker uid; SandboxUnavailable when it cannot (a Python installation
@@ -322,13 +349,35 @@ chmod 0755 "$SOURCE/run_autograder"
 RUN_AUTOGRADER = r"""#!/usr/bin/env bash
 # Run by Gradescope for every submission, as root, in /autograder.
 set -uo pipefail
+# The grader starts isolated from this shell's environment, as every process the course starts:
+# only these variables reach it (autograder/processes.py, ENV_NAMES), and Python runs with -I.
+keep=()
+for name in $(compgen -e); do
+    case "$name" in
+        __KEEP__) keep+=("$name=${!name}") ;;
+        *) unset "$name" 2>/dev/null ;;
+    esac
+done
 ROOT="${AUTOGRADER_ROOT:-/autograder}"
 PYTHON="${AUTOGRADER_PYTHON:-/opt/attention-course/bin/python3.11}"
 mkdir -p "$ROOT/results"
 cd "$ROOT/source/course" || exit 3
-OMP_NUM_THREADS=1 exec "$PYTHON" -m autograder gradescope --assignment __KEY__ \
+exec env -i "${keep[@]}" OMP_NUM_THREADS=1 "$PYTHON" -I -c "$LAUNCH" "$PWD" gradescope --assignment __KEY__ \
     --submission "$ROOT/submission" --results "$ROOT/results/results.json"
 """
+# `python -I -m autograder` would not find the course (-I leaves the working folder off sys.path)
+LAUNCH = ("import sys; sys.path.insert(0, sys.argv.pop(1)); from autograder.cli import entry_point; "
+          'entry_point("python -m autograder")')
+
+
+def run_autograder(key: str) -> str:
+    """The run_autograder script of exercise `key`."""
+    from .processes import ENV_NAMES, ENV_PREFIXES
+
+    keep = "|".join([*sorted(ENV_NAMES), *(f"{p}*" for p in ENV_PREFIXES)])
+    return (RUN_AUTOGRADER.replace("__KEEP__", keep).replace("__KEY__", key)
+            .replace('"$LAUNCH"', "'" + LAUNCH + "'"))
+
 
 NOTES = """# The autograder of __KEY__ for Gradescope
 
@@ -396,7 +445,7 @@ def package(key: str, zip_path: Path) -> Path:
             z.writestr(info, text)
 
         add("setup.sh", SETUP_SH.replace("__TORCH__", pins.get("torch", "2.13.0")), 0o755)
-        add("run_autograder", RUN_AUTOGRADER.replace("__KEY__", key), 0o755)
+        add("run_autograder", run_autograder(key), 0o755)
         add("README.md", NOTES.replace("__KEY__", key).replace("__POINTS__", f"{points:g}"))
         add("requirements-gradescope.txt", requirements)
         for path, name in course_files(ROOT, key):

@@ -9,7 +9,9 @@ entry n being the cell shown as ``In [n]``), turned into the cell list that
 command line's `check` (unsandboxed, as a self-check), with the same seeds.
 
 Nothing is graded in the kernel's process. A grading process of its own (`_serve`, started with
-this Python) runs the hidden checks and starts the worker that loads the learner's code
+this Python, isolated from the kernel's environment: `python -I` and only the variables of
+`processes.ENV_NAMES`, so that a PYTHONPATH, PYTHONSTARTUP or LD_PRELOAD set by a cell runs
+nothing there) runs the hidden checks and starts the worker that loads the learner's code
 (`autograder.runner`), exactly as `python -m autograder check` does: a notebook that patched
 `torch.allclose` in the kernel fools no check, and the kernel's namespace and random generators
 are left as they were. check() adds no name to the learner's namespace and returns None (IPython
@@ -327,6 +329,7 @@ def plan_check(entries, part=None, assignment: str | None = None) -> Plan:
 
 # --- grading, in a process of its own --------------------------------------------------------
 
+# -I leaves the course's folder off sys.path: the child puts it first itself
 _CHILD = ("import sys; sys.path.insert(0, sys.argv[1]); "
           "from autograder.in_notebook import _serve; _serve()")
 
@@ -335,6 +338,8 @@ def grade_plan(plan: Plan, seed: int, replay: str = "") -> dict:
     """Grade `plan` with `seed` in a grading process started with this Python, as the command line's
     `check` grades; {"result": Result.to_dict(), "text": the text report, "log": path or ""}.
     CheckRefused (one sentence) when that process fails; KeyboardInterrupt ends it cleanly."""
+    from .processes import clean_env
+
     root = Path(__file__).resolve().parent.parent
     request = json.dumps({"assignment": plan.key, "cells": plan.cells, "parts": plan.parts, "seed": seed,
                           "titles": plan.titles, "replay": replay,
@@ -343,9 +348,11 @@ def grade_plan(plan: Plan, seed: int, replay: str = "") -> dict:
     keep_log = True
     try:
         with tempfile.TemporaryDirectory(prefix="attention-course-check-") as cwd, os.fdopen(fd, "wb") as err:
-            # the kernel's environment, but not its plotting backend (ipykernel sets one only a kernel can use)
-            env = dict(os.environ, MPLBACKEND="Agg")
-            proc = subprocess.Popen([sys.executable, "-c", _CHILD, str(root)], stdin=subprocess.PIPE,
+            # Isolated from the kernel's Python environment (-I, the allow-listed variables): a cell
+            # that set PYTHONPATH, PYTHONSTARTUP or LD_PRELOAD runs nothing here. Not the kernel's
+            # plotting backend either (ipykernel sets one only a kernel can use).
+            env = clean_env({"MPLBACKEND": "Agg"})
+            proc = subprocess.Popen([sys.executable, "-I", "-c", _CHILD, str(root)], stdin=subprocess.PIPE,
                                     stdout=subprocess.PIPE, stderr=err, cwd=cwd, env=env,
                                     start_new_session=True)  # its own group: the stop button reaches us only
             try:

@@ -127,7 +127,8 @@ class Submission:
     # process management --------------------------------------------------------------
     @staticmethod
     def base_env(home: str = "/tmp") -> dict:
-        """The worker's environment (also a warm template's, whose workers inherit it)."""
+        """The worker's environment (also a warm template's, whose workers inherit it): these values
+        only, nothing else of the grader's environment, for a worker started as `python -I`."""
         return {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "HOME": home,

@@ -34,8 +34,9 @@ namespaces with root's rights, so it can bind a Python installation that lives u
 `prlimit` sets the limits: RLIMIT_NPROC is not enforced for root. Each worker gets its own
 uid from SANDBOX_UIDS (SANDBOX_UID, the base, up to SANDBOX_UID + SANDBOX_UID_COUNT - 1,
 skipping 65534/65535 and any uid or gid named in /etc/passwd or /etc/group; see
-`autograder.uids`), so the process limit and any uid-keyed kernel state are per worker.
-Run as an ordinary user, bubblewrap uses a user namespace instead (`--unshare-user
+`autograder.uids`), so the process limit and any uid-keyed kernel state are per worker, and
+when the worker ends every process left of its uid is killed (`Wrapped.release`; the worker's PID
+namespace has usually ended them already). Run as an ordinary user, bubblewrap uses a user namespace instead (`--unshare-user
 --disable-userns`: no nested ones; the seccomp filter applies as well) and there is no
 `setpriv`.
 
@@ -58,7 +59,8 @@ from typing import Callable
 from . import seccomp
 from .cgroups import CGROUP_ENV, MemoryCgroups
 from .limits import DEFAULT, Limits
-from .uids import SANDBOX_UID, SANDBOX_UID_COUNT, UidPool, uid_slot
+from .processes import clean_env
+from .uids import SANDBOX_UID, SANDBOX_UID_COUNT, ender, shared_pool, uid_slot
 from .unavailable import SandboxUnavailable
 
 # The sandbox's resource limits are fields of `autograder.limits.Limits` (sandbox_*).
@@ -89,7 +91,7 @@ def _python_prefixes(python: str) -> list[str]:
     else:
         out = subprocess.run([python, "-I", "-c", "import sys, json; print(json.dumps([sys.prefix, "
                               "sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix]))"],
-                             capture_output=True, text=True, timeout=60, check=True)
+                             capture_output=True, text=True, timeout=60, check=True, env=clean_env(), cwd="/")
         paths = json.loads(out.stdout)
     paths.append(str(Path(python).parent))
     paths.append(str(Path(os.path.realpath(python)).parent))
@@ -109,13 +111,15 @@ def _within(path: str, folder: str) -> bool:
 class Sandbox:
     """How to run one worker in isolation; one object serves a whole grading run.
 
-    `uid` is the base of the worker uids (root mode) and `uid_count` how many there are;
+    `uid` is the base of the worker uids (root mode) and `uid_count` how many there are (by
+    default this process's share of SANDBOX_UIDS, `uid_slot`); the sandboxes of a process over
+    one range share one `UidPool`;
     `memory_cgroup` is "auto" (find a place for per-worker memory cgroups, see
     `MemoryCgroups.find`), a folder to create them in, or None (none: RLIMIT_AS only).
     """
 
-    def __init__(self, *, python: str = sys.executable, bwrap: str | None = None, uid: int = SANDBOX_UID,
-                 uid_count: int = SANDBOX_UID_COUNT, forbidden: list | tuple = (), limits: Limits = DEFAULT,
+    def __init__(self, *, python: str = sys.executable, bwrap: str | None = None, uid: int | None = None,
+                 uid_count: int | None = None, forbidden: list | tuple = (), limits: Limits = DEFAULT,
                  memory_cgroup: str | None = "auto", use_seccomp: bool = True):
         self.limits = limits
         self.bwrap = bwrap or shutil.which("bwrap")
@@ -125,6 +129,13 @@ class Sandbox:
                 f"Install it ({INSTALL_HINT}), or pass --no-sandbox to grade without isolation "
                 "(only for notebooks you trust).")
         self.root_mode = os.geteuid() == 0
+        if uid is None and self.root_mode:
+            # this process's share of the sandbox uids (`uid_slot`): no other grading process of the
+            # machine hands them out, so killing everything of a worker's uid when it ends is safe
+            offset, share = uid_slot(SANDBOX_UID_COUNT)
+            uid, uid_count = SANDBOX_UID + offset, share
+        uid = SANDBOX_UID if uid is None else uid
+        uid_count = SANDBOX_UID_COUNT if uid_count is None else uid_count
         self.uid = uid  # the base; each worker gets its own from self.uids
         self.python = python
         if self.root_mode:
@@ -136,7 +147,7 @@ class Sandbox:
         self.sh = shutil.which("sh", path="/usr/bin:/bin")
         if not self.sh:
             raise SandboxUnavailable("no `sh` in /usr/bin or /bin")
-        self.uids = UidPool(range(uid, uid + uid_count)) if self.root_mode else None
+        self.uids = shared_pool(range(uid, uid + uid_count)) if self.root_mode else None
         self.seccomp = None
         if use_seccomp:
             if seccomp.host_arch() is None:
@@ -201,9 +212,15 @@ class Sandbox:
             if cgroup is not None:
                 self.cgroups.release(cgroup)
             raise
-        release = (lambda: self.cgroups.release(cgroup)) if cgroup is not None else (lambda: None)
+        release = self._release(uid, cgroup)
         return Wrapped(argv=a, pass_fds=tuple(list(extra_fds) + close), env={"PATH": "/usr/bin:/bin"}, cwd="/",
                        close_fds=close, uid=uid, cgroup=cgroup, release=release)
+
+    def _release(self, uid: int | None, cgroup: str | None) -> Callable[[], None]:
+        """What ends a worker's sandbox, once its first process has ended: every process left of its
+        uid is killed (root mode; the PID namespace has usually taken them already) and the uid
+        given back, then its cgroup is emptied and removed (`uids.ender`). Safe to call twice."""
+        return ender(self.uids, uid, (lambda: self.cgroups.release(cgroup)) if cgroup is not None else None)
 
     def _argv(self, argv_tail, files, env, notebook, close: list[int], cgroup: str | None,
               chdir: str = "/tmp") -> tuple[list, int | None]:
@@ -372,11 +389,8 @@ def detect(python: str = sys.executable, forbidden=(), limits: Limits = DEFAULT)
 
 def make_sandbox(forbidden=(), memory_cgroup: str | None = "auto") -> Sandbox:
     """A probed sandbox for this process; in root mode its uids are this process's slot's share
-    (`autograder.uids.uid_slot`), so that no two grading processes on a machine share a uid."""
-    kw = {}
-    if os.geteuid() == 0:
-        offset, share = uid_slot(SANDBOX_UID_COUNT)
-        kw = {"uid": SANDBOX_UID + offset, "uid_count": share}
-    sandbox = Sandbox(forbidden=list(forbidden), memory_cgroup=memory_cgroup, **kw)
+    (`autograder.uids.uid_slot`, as every `Sandbox` not given its uids), so that no two grading
+    processes on a machine share a uid."""
+    sandbox = Sandbox(forbidden=list(forbidden), memory_cgroup=memory_cgroup)
     sandbox.probe()
     return sandbox

@@ -356,17 +356,21 @@ def grade_all(key: str, items: list[Item], seeds: list[int], *, jobs: int = 1, g
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
-    from .processes import on_sigterm
+    from .processes import isolate_spawned, on_sigterm
 
     futures: dict = {}
-    with on_sigterm(lambda: _stop_pool(list(futures))), \
-            ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
-                                initializer=pool_initializer, initargs=(os.getpid(),)) as pool:
-        for item in items:
-            futures[pool.submit(_pool_task, key, item, seeds, sandbox)] = item
-        for fut in as_completed(futures):
-            out[futures[fut].name], seconds = fut.result()
-            tell(futures[fut], seconds)
+    restore = isolate_spawned()  # the pool's processes start with -I and the allow-listed environment
+    try:
+        with on_sigterm(lambda: _stop_pool(list(futures))), \
+                ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
+                                    initializer=pool_initializer, initargs=(os.getpid(),)) as pool:
+            for item in items:
+                futures[pool.submit(_pool_task, key, item, seeds, sandbox)] = item
+            for fut in as_completed(futures):
+                out[futures[fut].name], seconds = fut.result()
+                tell(futures[fut], seconds)
+    finally:
+        restore()
     return out
 
 

@@ -269,7 +269,8 @@ class Template:
         self.start_seconds.append(time.monotonic() - t0)
 
     def discard(self, generation: int | None = None) -> None:
-        """Kill the template (its PID namespace dies with it) and its cgroup; the next spawn starts a fresh one."""
+        """Kill the template (its PID namespace dies with it), every process of its uid (its workers
+        share it) and its cgroup; the next spawn starts a fresh one."""
         with self._lock:
             if generation is not None and generation != self.generation:
                 return

@@ -3,13 +3,20 @@
 Each attack must cost exactly the checks it touches, within the submission's own time
 limit; the rest of the batch is graded as if it had not been there, and no attack shows
 up as a grader error (a learner must not be able to hide a grade behind a fake grader bug).
+
+Also the grader's own environment (tests/attacks/environment.py): what a notebook or whoever
+starts the grader plants in it (PYTHONPATH, PYTHONSTARTUP, LD_PRELOAD, a sitecustomize.py in the
+working folder) reaches none of the processes the grader starts; here a local Dask cluster's jobs.
 """
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from attacks import TIMEOUT
+from attacks.environment import Poison, planted_in
 from attacks.worker_io import FORGED
 
 
@@ -58,3 +65,35 @@ def test_forged_replies_cost_the_checks_never_a_grader_error(batch, name):
     assert all(("malformed" in h or "cannot accept" in h or "unexpected reply" in h or "lists or objects" in h
                 or "does not match" in h or "restarted too often" in h or "ended the grading process" in h)
                for h in hints), hints
+
+
+def test_a_notebook_that_plants_its_environment_before_check_is_graded_as_the_reference(batch):
+    """The reference with a cell that sets PYTHONPATH, PYTHONSTARTUP and LD_PRELOAD, then calls check():
+    `grade` gives it the reference's marks (in a learner's kernel, tests/test_in_notebook.py shows the
+    same for check())."""
+    r = _ok(batch, "env_planted_then_check")
+    assert r["score"] == _full(batch) and not r["error"]
+
+
+@pytest.mark.slow
+def test_the_jobs_of_a_local_cluster_start_isolated_from_the_graders_environment(tmp_path, monkeypatch):
+    """`grade --jobs N` spawns its jobs through multiprocessing, which would give them the grading
+    process's whole environment: do they start with `-I` and nothing planted, and is the grading process's
+    environment as it was once the cluster is closed?"""
+    from autograder.dask_cluster import LocalGrading
+
+    def started():  # run in the job; defined here, so that it travels by value (no test module imported there)
+        import sys
+
+        raw = open("/proc/self/environ", "rb").read().decode(errors="replace").split("\0")
+        return {"isolated": sys.flags.isolated, "environ": dict(e.split("=", 1) for e in raw if "=" in e)}
+
+    poison = Poison(tmp_path / "planted").apply(monkeypatch)
+    cluster = LocalGrading(1)
+    try:
+        (seen,) = cluster.client.run(started).values()
+    finally:
+        cluster.close()
+    assert seen["isolated"] == 1 and not planted_in(seen["environ"]), seen
+    assert poison.ran() == []
+    assert all(os.environ.get(k) == v for k, v in poison.env.items())  # put back for this process

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from attacks.environment import Poison, planted_in
 from conftest import mistake, reference_notebook, run_cli, write
 
 KEY = "03_qkv"
@@ -20,11 +21,13 @@ VISIBILITY = {"hidden", "after_due_date", "after_published", "visible"}
 
 
 def assert_spec(results: dict) -> None:
-    """Does results.json have the fields and types Gradescope's specification gives?"""
+    """Does results.json have the fields and types Gradescope's specification gives, with every text
+    marked plain text (never rendered as HTML or Markdown)?"""
     assert isinstance(results["score"], float)
     assert isinstance(results["execution_time"], int)
     assert isinstance(results["output"], str) and results["output"]
     assert results["visibility"] in VISIBILITY and results["stdout_visibility"] in VISIBILITY
+    assert results["output_format"] == results["test_output_format"] == results["test_name_format"] == "text"
     for t in results["tests"]:
         assert set(t) <= {"score", "max_score", "status", "name", "name_format", "number", "output",
                           "output_format", "tags", "visibility", "extra_data"}
@@ -32,6 +35,7 @@ def assert_spec(results: dict) -> None:
         assert isinstance(t["score"], float) and isinstance(t["max_score"], float)
         assert t["status"] in ("passed", "failed") and t["visibility"] in VISIBILITY
         assert isinstance(t["output"], str)
+        assert t["output_format"] == t["name_format"] == "text"
     if results["tests"]:
         assert results["score"] == pytest.approx(sum(t["score"] for t in results["tests"]))
 
@@ -122,7 +126,17 @@ def test_run_autograder_grades_the_reference_and_a_mistake_as_check_does(autogra
         z.extractall(tree / "source")
     run = tree / "source" / "run_autograder"
     run.chmod(run.stat().st_mode | stat.S_IXUSR)
-    env = dict(os.environ, AUTOGRADER_ROOT=str(tree), AUTOGRADER_PYTHON=sys.executable, OMP_NUM_THREADS="1")
+    # Gradescope's harness starts run_autograder with a planted environment (tests/attacks/environment.py),
+    # from a working folder with a sitecustomize.py; the Python that run_autograder starts records the
+    # arguments and environment it was given, then becomes the course's Python.
+    poison = Poison(tmp_path / "planted")
+    started = tmp_path / "started"
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {started}.argv\ncat /proc/$$/environ > {started}.env\n'
+                      f'exec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    env = dict(os.environ, AUTOGRADER_ROOT=str(tree), AUTOGRADER_PYTHON=str(python), OMP_NUM_THREADS="1",
+               **poison.env)
 
     def grade(nb) -> dict:
         sub = tree / "submission"
@@ -130,15 +144,22 @@ def test_run_autograder_grades_the_reference_and_a_mistake_as_check_does(autogra
             for p in sub.iterdir():
                 p.unlink()
         write(nb, sub / f"{KEY}.ipynb")
-        proc = subprocess.run(["bash", str(run)], env=env, capture_output=True, text=True, timeout=600)
+        proc = subprocess.run(["bash", str(run)], env=env, cwd=poison.cwd, capture_output=True, text=True,
+                              timeout=600)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         data = json.loads((tree / "results" / "results.json").read_text())
         assert_spec(data)
-        return data
+        return data, proc
 
-    full = grade(reference_notebook(KEY))
+    full, proc = grade(reference_notebook(KEY))
     assert full["score"] == sum(t["max_score"] for t in full["tests"]) > 0
     assert all(t["status"] == "passed" for t in full["tests"])
+    # Nothing planted reached the grader or the processes it started: only run_autograder's own shell
+    # was given the missing library (the loader says so once), the grader ran `python -I`.
+    given = dict(x.split("=", 1) for x in Path(f"{started}.env").read_text().split("\0") if "=" in x)
+    assert not planted_in(given) and given["AUTOGRADER_ROOT"] == str(tree) and given["OMP_NUM_THREADS"] == "1"
+    assert Path(f"{started}.argv").read_text().split("\n")[0] == "-I"
+    assert poison.ran() == [] and proc.stderr.count(str(poison.library)) == 1, proc.stderr[-3000:]
 
     # a mistake, graded with a fixed seed: the same points per check as the learner's `check`
     wrong = write(mistake(KEY, ("math.sqrt(d_k)", "d_k"))(), tmp_path / "mistake" / f"{KEY}.ipynb")
@@ -153,3 +174,80 @@ def test_run_autograder_grades_the_reference_and_a_mistake_as_check_does(autogra
     assert [t["score"] for t in data["tests"]] == [float(c["points"]) for c in checked["checks"]]
     failed = [t for t in data["tests"] if t["status"] == "failed"]
     assert failed and all(t["output"] for t in failed)  # a hint for every failed check
+
+
+# --- without bubblewrap: the worker's own uid ----------------------------------------------------
+
+LEAVE = r'''
+import json, os, sys, time
+r, w = os.pipe()
+if os.fork() == 0:  # a daemon: a double fork into a session of its own, its output let go
+    os.setsid()
+    if os.fork() == 0:
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        os.write(w, b"%d" % os.getpid())
+        time.sleep(300)
+    os._exit(0)
+os.close(w)
+daemon = int(os.read(r, 64))
+print(json.dumps({"uid": os.getuid(), "daemon": daemon, "isolated": sys.flags.isolated,
+                  "oom": open("/proc/self/oom_score_adj").read().strip(),
+                  "daemon_oom": open(f"/proc/{daemon}/oom_score_adj").read().strip(),
+                  "environ": sorted(os.environ)}))
+'''
+TEST_UIDS = range(61370, 61378)  # below every sandbox range (tests/conftest.py): no other grader's uids
+
+
+def _uid_isolation():
+    """Gradescope's fallback without bubblewrap, with a Python that an unprivileged uid can run (the
+    course's environment may sit under /root, closed to other users), drawing uids from TEST_UIDS."""
+    from autograder.gradescope import UidIsolation
+    from autograder.limits import DEFAULT
+    from autograder.uids import UidPool
+    from autograder.unavailable import SandboxUnavailable
+
+    if os.geteuid() != 0:
+        pytest.skip("a worker uid of its own needs root")
+    why = "no Python"
+    for python in (sys.executable, "/usr/bin/python3"):
+        if not os.path.exists(python):
+            continue
+        try:
+            iso = UidIsolation(DEFAULT, python=python)
+            iso.uids = UidPool(TEST_UIDS)
+            iso.probe()
+            return iso
+        except SandboxUnavailable as exc:
+            why = str(exc)
+    pytest.skip(f"no Python a worker uid can run here: {why}")
+
+
+def test_without_bubblewrap_nothing_of_the_workers_uid_outlives_it(tmp_path, monkeypatch):
+    """Gradescope without bubblewrap: a worker whose code leaves a double-forked daemon behind (in a
+    session of its own) is the OOM killer's first choice, daemon included; once the worker has ended and
+    its sandbox is released, no process of its uid is alive. It starts with `-I` and the worker's own
+    environment, whatever the grader's was (tests/attacks/environment.py)."""
+    from autograder.processes import kill_group, uid_processes
+    from autograder.runner import Submission
+
+    poison = Poison(tmp_path / "planted").apply(monkeypatch)
+    iso = _uid_isolation()
+    script = tmp_path / "leave.py"
+    script.write_text(LEAVE)
+    w = iso.wrap([], files=[script], env=Submission.base_env())
+    try:
+        proc = subprocess.Popen(w.argv, env=w.env, cwd=w.cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, start_new_session=True)
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        seen = json.loads(out)
+        kill_group(proc)  # as a worker is ended: its process group
+        assert seen["daemon"] in uid_processes(seen["uid"])  # the daemon outlived the worker...
+    finally:
+        w.release()
+    assert uid_processes(seen["uid"]) == []  # ...but not its sandbox
+    assert seen["uid"] in TEST_UIDS and seen["oom"] == seen["daemon_oom"] == "1000"
+    assert seen["isolated"] == 1 and not planted_in(dict.fromkeys(seen["environ"]))
+    assert poison.ran() == [] and not poison.loaded(err)

@@ -12,8 +12,10 @@ them), and:
   points per check, status and hints (the two label forms replaced by one placeholder) are equal.
   `AUTOGRADER_IN_NOTEBOOK_ALL_ROWS=1` grades every row of every table both ways (slow);
 * one real IPython kernel (nbclient) runs the reference notebook of 03 with the learner's own
-  `torch`, `F` and `check` reassigned, then check(): its total is the command line's, and the
-  kernel's namespace gains no name.
+  `torch`, `F` and `check` reassigned and code planted for the grading process in its environment
+  (PYTHONPATH, PYTHONSTARTUP, LD_PRELOAD, a sitecustomize.py in its working folder), then check():
+  its total is the command line's, the kernel's namespace gains no name, and nothing planted
+  reaches the grading process or its worker.
 """
 
 from __future__ import annotations
@@ -438,15 +440,39 @@ NEW_NAMES = (f"_before = set(dir())\n_rng = {RNG}\ncheck(seed={{seed}})\n"
              "print('NEW NAMES', sorted(set(dir()) - _before - {{'_before', '_rng'}}))")
 
 
+# A learner's cells that plant code for the grading process: PYTHONPATH (a sitecustomize.py that records
+# the process it runs in), PYTHONSTARTUP, LD_PRELOAD (a library that does not exist) and a working folder
+# with a sitecustomize.py of its own (tests/attacks/environment.py). Then, in the worker that loads the
+# kernel's code (and only there: a top-level assignment runs in a worker, its condition is false in the
+# kernel), what the worker and its parent, the grading process check() started, were started with.
+PLANT = "import os, sys\nos.environ.update({env!r})\nos.chdir({cwd!r})"
+STARTED = r'''def _started(folder):
+    import json, os, sys
+    def seen(pid):
+        env = open(f"/proc/{pid}/environ", "rb").read().decode(errors="replace").split("\0")
+        argv = open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace").split("\0")[:-1]
+        return {"environ": sorted(e.split("=", 1)[0] for e in env if "=" in e), "argv": argv}
+    with open(os.path.join(folder, f"worker-{os.getpid()}.json"), "w") as f:
+        json.dump({"worker": seen(os.getpid()), "grader": seen(os.getppid())}, f)
+_record = _started(FOLDER) if os.path.basename(sys.argv[0]) == "worker.py" else None'''
+
+
 @pytest.mark.slow
 def test_check_in_a_real_kernel(tmp_path):
-    """A kernel runs the reference of 03, then reassigns `torch`, `F` and `check`; check() still grades, with
-    the command line's total on the saved notebook, adds no name, and keeps no output; one part, and an
-    unknown part, too."""
+    """A kernel runs the reference of 03, plants code for the grading process in its environment
+    (PYTHONPATH, PYTHONSTARTUP, LD_PRELOAD, a sitecustomize.py in its working folder), then reassigns
+    `torch`, `F` and `check`; check() still grades, with the command line's total on the saved notebook,
+    adds no name, and keeps no output; one part, and an unknown part, too. Nothing planted reaches the
+    grading process (`python -I`) or its worker."""
     from nbclient import NotebookClient
 
+    from attacks.environment import Poison, planted_in
+
+    poison, records = Poison(tmp_path / "planted"), tmp_path / "started"
+    records.mkdir()
     nb = conftest.reference_notebook(KEY)
-    for source in ("import random as _random, numpy as _numpy, torch as _torch", "torch = 3\nF = None\ncheck = 5",
+    for source in (PLANT.format(env=poison.env, cwd=str(poison.cwd)), STARTED.replace("FOLDER", repr(str(records))),
+                   "import random as _random, numpy as _numpy, torch as _torch", "torch = 3\nF = None\ncheck = 5",
                    "from autograder import check",
                    NEW_NAMES.format(seed=SEED), 'check("part 1", seed=1)',
                    "print('OUT', get_ipython().execution_count - 1 in Out)", 'check("part 9")'):
@@ -456,6 +482,13 @@ def test_check_in_a_real_kernel(tmp_path):
     outs = ["".join(o.get("text", "") for o in c.outputs if o.output_type == "stream") for c in nb.cells[-5:]]
     errors = [o for c in nb.cells for o in c.get("outputs", []) if o.output_type == "error"]
     assert not errors, errors
+    started = [json.loads(p.read_text()) for p in sorted(records.iterdir())]
+    assert len(started) == 2  # check(seed=...) and check("part 1"); the unknown part grades nothing
+    for seen in started:
+        assert seen["grader"]["argv"][1:4] == ["-I", "-c", N._CHILD], seen["grader"]["argv"]
+        assert "-I" in seen["worker"]["argv"]
+        assert not planted_in(dict.fromkeys(seen["grader"]["environ"] + seen["worker"]["environ"])), seen
+    assert poison.ran() == []
     full, part1, out, unknown = outs[1], outs[2], outs[3], outs[4]
     assert "Traceback" not in "".join(outs)
     cli = json.loads(subprocess.run([sys.executable, "-m", "autograder", "check", str(path), "--json", "--seed",

@@ -29,6 +29,7 @@ from autograder.uids import RESERVED_UIDS, SANDBOX_UIDS, UidPool
 
 MAX_FILE_SIZE, MAX_PROCESSES, TMP_BYTES = (DEFAULT.sandbox_file_size, DEFAULT.sandbox_processes,
                                            DEFAULT.sandbox_tmp_bytes)
+from attacks.environment import Poison, cmdline, environ, planted_in
 from conftest import learner_notebook, run_cli, wait_until, write
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
@@ -36,7 +37,8 @@ pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewra
 PROBE = r'''
 import os, sys, json, socket
 def probe():
-    out = {"uid": os.getuid(), "cwd": os.getcwd(), "home": os.environ.get("HOME")}
+    out = {"uid": os.getuid(), "cwd": os.getcwd(), "home": os.environ.get("HOME"), "environ": sorted(os.environ),
+           "isolated": sys.flags.isolated}
     def tryit(key, fn):
         try:
             out[key] = fn()
@@ -84,14 +86,61 @@ def sandbox():
     return detect()
 
 
+def _worker_below(root: int) -> int:
+    """The host pid of the sandboxed worker's Python started below `root`: the topmost process that
+    runs /grader/worker.py (the processes it forked run it too)."""
+    parents = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_bytes()
+                parents[int(d.name)] = int(stat[stat.rindex(b")") + 2:].split()[1])
+            except (OSError, ValueError):
+                continue
+
+    def below(pid):
+        while pid in parents and pid != root:
+            pid = parents[pid]
+        return pid == root
+
+    runs = {pid for pid in parents if below(pid) and "/grader/worker.py" in cmdline(pid)}
+    (top,) = [pid for pid in runs if parents[pid] not in runs]
+    return top
+
+
 @pytest.fixture(scope="module")
 def probe(sandbox, tmp_path_factory):
+    """What a sandboxed worker sees, started by a grader whose own environment was planted with
+    PYTHONPATH, PYTHONSTARTUP, LD_PRELOAD and a sitecustomize.py in its working folder (tests/attacks/
+    environment.py): `started` says what reached the worker's processes on both sides of bubblewrap."""
     import json
 
-    nb = write(learner_notebook("03_qkv"), tmp_path_factory.mktemp("sb") / "mine.ipynb")
+    base = tmp_path_factory.mktemp("sb")
+    nb = write(learner_notebook("03_qkv"), base / "mine.ipynb")
     src = f"REPO = {str(ROOT)!r}\nMAXP = {MAX_PROCESSES}\n" + PROBE
-    with Submission(_code(src), sandbox=sandbox, notebook=nb, limits=DEFAULT.replace(submission_seconds=60)) as sub:
-        return json.loads(Learner(sub).probe())
+    with pytest.MonkeyPatch.context() as mp:
+        poison = Poison(base / "planted").apply(mp)
+        with Submission(_code(src), sandbox=sandbox, notebook=nb,
+                        limits=DEFAULT.replace(submission_seconds=60)) as sub:
+            out = json.loads(Learner(sub).probe())
+            inner = _worker_below(sub.proc.pid)
+            out["started"] = {"outer": sorted(environ(sub.proc.pid)), "inner": sorted(environ(inner)),
+                              "inner_argv": cmdline(inner)}
+        out["started"]["output"] = "".join(sub.outputs)
+        out["started"]["ran"] = poison.ran()
+        out["started"]["loaded"] = poison.loaded(out["started"]["output"])
+    return out
+
+
+def test_the_worker_starts_isolated_from_the_graders_environment(probe):
+    """Do PYTHONPATH, PYTHONSTARTUP, LD_PRELOAD and a sitecustomize.py in the grader's working folder
+    reach neither the sandbox's first process (outside, root's) nor the worker (inside), which runs
+    `python -I`?"""
+    started = probe["started"]
+    assert set(started["outer"]) <= {"PATH", "PWD"}  # bubblewrap's, as the `sh` before it left it
+    assert not planted_in(dict.fromkeys(started["inner"])) and "-I" in started["inner_argv"]
+    assert started["ran"] == [] and not started["loaded"], started
+    assert probe["isolated"] == 1 and not planted_in(dict.fromkeys(probe["environ"]))
 
 
 def test_runs_as_the_sandbox_uid(probe):
@@ -484,6 +533,13 @@ def test_uid_pool_skips_reserved_and_known_ids():
     assert 0 not in low.uids and not set(low.uids) & account_ids()
     with pytest.raises(SandboxUnavailable, match="no free uid"):
         UidPool(range(65534, 65536))
+    # a uid held by a live worker is never handed out to another, until the worker ends and gives it back
+    three = UidPool(range(65530, 65533))
+    a, b = three.take(), three.take()
+    three.give_back(a)
+    assert b not in (three.take(), three.take())  # a and the third: b is still held
+    three.give_back(b)
+    assert three.take() == b  # the only one free
 
 
 # --- the memory cgroup -----------------------------------------------------------------------------

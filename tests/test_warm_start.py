@@ -24,6 +24,7 @@ from autograder.assignments import get_assignment
 from autograder.grader import Grader
 from autograder.runner import Learner, Submission, WorkerDied
 from autograder.sandbox import SandboxUnavailable, detect
+from attacks.environment import Poison, cmdline, environ, planted_in
 from conftest import add_cell, chapter_batch, reference_notebook, write
 
 KEY = "03_qkv"
@@ -43,14 +44,36 @@ def sandbox():
 
 
 @pytest.fixture(scope="module")
-def warm(sandbox):
+def warm(sandbox, tmp_path_factory):
+    """A warm Grader, whose template was started (and renewed after its first worker) by a grader whose
+    own environment was planted with PYTHONPATH, PYTHONSTARTUP, LD_PRELOAD and a sitecustomize.py in its
+    working folder (tests/attacks/environment.py); `STARTED` keeps what reached the template."""
     g = Grader(get_assignment(KEY), sandbox=sandbox, warm=True)
     assert g.template is not None, g.warm_problem
-    _clean(_spy(g))  # starts the template
+    with pytest.MonkeyPatch.context() as mp:
+        poison = Poison(tmp_path_factory.mktemp("warm") / "planted").apply(mp)
+        _clean(_spy(g))  # starts the template, forks a worker, renews the template after it
+        t = g.template
+        STARTED.update(outer=environ(t.proc.pid), inner=environ(t.host_pid), argv=cmdline(t.host_pid),
+                       output=t.output(), ran=poison.ran(), loaded=poison.loaded(t.output()),
+                       renewals=len(t.renew_seconds))
     assert g.template.starts == 1
     assert g.template.hello["threads"] == 1  # no thread pool is copied by the forks
     yield g
     g.close()
+
+
+STARTED: dict = {}
+
+
+def test_the_template_and_its_clean_up_start_isolated_from_the_graders_environment(warm):
+    """Did the template (both sides of bubblewrap) and the helper that renews it after each worker start
+    without anything planted in the grader's environment, the template as `python -I`? A helper that got
+    the missing library would have printed so, failed the renewal and cost the template."""
+    assert not planted_in(STARTED["outer"]) and set(STARTED["outer"]) <= {"PATH", "PWD"}
+    assert not planted_in(STARTED["inner"]) and "-I" in STARTED["argv"]
+    assert STARTED["ran"] == [] and not STARTED["loaded"], STARTED["output"]
+    assert STARTED["renewals"] >= 2 and warm.template.starts == 1  # at its start and after the first worker
 
 
 def _summary(r):
