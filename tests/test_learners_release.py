@@ -1,15 +1,19 @@
 """The learners' release (`release --learners DIR --repository URL`): the course without what it hides.
 
 The unit tests plant what must never reach learners (a reference module under another name, a
-hidden test, a master's marker) and ask whether `verify` finds it. The end-to-end test releases
-the course from the real build, `_build/html` (in CI the book is built first; here it is skipped
-when there is none), and searches every file it wrote.
+hidden test, a master's marker, solution code re-indented, re-wrapped, renamed or commented, in a
+notebook's cell or a page's code) and ask whether `verify` finds it, and whether the notebooks and
+pages the course shows on purpose pass. The end-to-end test releases the course from the real
+build, `_build/html` (in CI the book is built first; here it is skipped when there is none), and
+searches every file it wrote.
 """
+import ast
 import json
 import re
 import shutil
 import subprocess
 import sys
+import textwrap
 
 import nbformat
 import pytest
@@ -77,6 +81,257 @@ def test_verify_finds_what_must_stay_hidden(tmp_path, forbidden, plant):
     path.write_text(text)
     problems = lr.verify(tmp_path, forbidden)
     assert problems and all(p.startswith(target) for p in problems), problems
+
+
+# --- solution code in disguise -----------------------------------------------------------------
+
+MASTER = "exercises/source/03_qkv.md"
+MODULE = "solutions/ch03_qkv.py"
+# The answer of 03's attention_numpy as its master writes it (no page or later notebook shows it)...
+ANSWER = """\
+    d_k = q.shape[-1]
+    scores = q @ np.swapaxes(k, -1, -2) / np.sqrt(d_k)  # (..., Lq, Lk)
+    if mask is not None:
+        scores = np.where(mask, scores, -np.inf)
+    weights = softmax(scores, axis=-1)  # (..., Lq, Lk)
+    return weights @ v, weights  # (..., Lq, d_v), (..., Lq, Lk)
+"""
+# ... and as a copier might hand it on: re-laid out, renamed, commented, or all at once.
+DISGUISED = {
+    "reindented": """\
+def attention_numpy(q,k,v,mask = None):
+\td_k=q.shape[ -1 ]
+\tscores=q@np.swapaxes( k,-1,-2 )/np.sqrt( d_k )
+\tif mask is not None :
+\t\tscores=np.where( mask,scores,-np.inf )
+\tweights=softmax( scores,axis=-1 )
+\treturn weights@v , weights
+""",
+    "rewrapped": """\
+def attention_numpy(q, k, v, mask=None):
+    d_k = q.shape[
+        -1
+    ]
+    scores = (
+        q
+        @ np.swapaxes(
+            k,
+            -1,
+            -2,
+        )
+        / np.sqrt(d_k)
+    )
+    if mask is not None:
+        scores = np.where(mask,
+                          scores,
+                          -np.inf)
+    weights = softmax(scores,
+                      axis=-1)
+    return (weights @ v,
+            weights)
+""",
+    "renamed": """\
+def attend(query, key, value, allowed=None):
+    width = query.shape[-1]
+    logits = query @ np.swapaxes(key, -1, -2) / np.sqrt(width)
+    if allowed is not None:
+        logits = np.where(allowed, logits, -np.inf)
+    probs = softmax(logits, axis=-1)
+    return probs @ value, probs
+""",
+    "commented": """\
+def attention_numpy(q, k, v, mask=None):
+    d_k = q.shape[-1]  # the width of a key
+    # every query against every key, scaled
+    scores = q @ np.swapaxes(k, -1, -2) / np.sqrt(d_k)
+    if mask is not None:  # masked keys get no weight
+        scores = np.where(mask, scores, -np.inf)
+    weights = softmax(scores, axis=-1)  # rows sum to one
+    return weights @ v, weights
+""",
+    "all at once": """\
+def attend(query, key, value, allowed=None):
+  # scores first
+  width = query.shape[-1]
+  logits = (query @ np.swapaxes(key, -1, -2)
+            / np.sqrt(width))   # (..., Lq, Lk)
+  if allowed is not None:
+    logits = np.where(allowed, logits, -np.inf)
+  probs = softmax(logits,
+                  axis=-1)
+  return (probs @ value, probs)
+""",
+    "in a comment": """\
+# An answer, for later:
+#     d_k = q.shape[-1]
+#     scores = q @ np.swapaxes(k, -1, -2) / np.sqrt(d_k)
+#     if mask is not None:
+#         scores = np.where(mask, scores, -np.inf)
+""",
+}
+
+
+def _notebook_with(notebooks, code: str, output: bool = False) -> str:
+    """Exercise 03's learners' notebook with one more code cell, holding the code or printing it."""
+    nb = nbformat.reads(notebooks["03_qkv"], as_version=4)
+    cell = nbformat.v4.new_code_cell("print(notes)" if output else code)
+    if output:
+        cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=code)]
+    nb.cells.append(cell)
+    return nbformat.writes(nb)
+
+
+def _page_with(code: str) -> str:
+    """A built page showing code as Sphinx does: highlighted by Pygments, in spans, escaped."""
+    from pygments import highlight
+    from pygments.formatters import HtmlFormatter
+    from pygments.lexers import PythonLexer
+
+    return ("<html><body><main><h1>Notes</h1><p>Here is what we found &amp; kept.</p>"
+            + highlight(code, PythonLexer(), HtmlFormatter()) + "</main></body></html>")
+
+
+PLACES = {
+    "notebook": ("exercises/03_qkv.ipynb", lambda notebooks, code: _notebook_with(notebooks, code)),
+    "output": ("site/exercises/03_qkv.ipynb", lambda notebooks, code: _notebook_with(notebooks, code, output=True)),
+    "html": ("site/book/03_qkv.html", lambda notebooks, code: _page_with(code)),
+    "json": ("site/_static/cells.json", lambda notebooks, code: json.dumps({"cells": [{"source": code}]})),
+}
+
+
+def _plant(tmp_path, notebooks, where: str, code: str) -> str:
+    """Code in a learners' notebook's new cell or its output, on a built page, or in a string of a JSON file."""
+    target, text = PLACES[where]
+    path = tmp_path / target
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text(notebooks, code))
+    return target
+
+
+def test_the_disguised_answer_is_the_masters():
+    """Are the planted cases still copies of the master (the master's answer, as `ANSWER` writes it)?"""
+    assert ANSWER in (ROOT / MASTER).read_text()
+
+
+@pytest.mark.parametrize("where", list(PLACES))
+@pytest.mark.parametrize("disguise", list(DISGUISED))
+def test_verify_finds_solution_code_in_disguise(tmp_path, notebooks, forbidden, disguise, where):
+    """Is an answer of a master found re-indented, re-wrapped, renamed or commented, in a notebook's
+    cell or output, a built page or a JSON file, with a sentence naming the file and the master (and
+    its reference module)?"""
+    target = _plant(tmp_path, notebooks, where, DISGUISED[disguise])
+    problems = lr.verify(tmp_path, forbidden)
+    assert problems and all(p.startswith(target) for p in problems), problems
+    assert any(f"solution code from {MASTER}" in p and MODULE in p for p in problems), problems
+
+
+@pytest.mark.parametrize("where", ["notebook", "html"])
+def test_one_line_of_a_master_rewrapped_is_found(tmp_path, notebooks, forbidden, where):
+    """Is a single statement of a master, wrapped over lines in brackets of its own, found?"""
+    line = "scores = np.where(mask, scores, -np.inf)"
+    assert line in ANSWER
+    target = _plant(tmp_path, notebooks, where, "masked = np.where(\n    keep,\n    masked,\n    -np.inf,\n)\n")
+    problems = lr.verify(tmp_path, forbidden)
+    assert len(problems) == 1 and problems[0].startswith(f"{target} holds solution code from {MASTER}"), problems
+
+
+def test_a_hidden_test_in_disguise_is_found(tmp_path, notebooks, forbidden):
+    """Is a hidden test's function, its names renamed and its layout rewritten, found as the hidden test?"""
+    test = "autograder/hidden/test_03_qkv.py"
+    tree = ast.parse((ROOT / test).read_text())
+    function = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name.startswith("test_"))
+    code = _renamed(ast.unparse(function))
+    target = _plant(tmp_path, notebooks, "notebook", code)
+    problems = lr.verify(tmp_path, forbidden)
+    assert problems and all(p.startswith(target) for p in problems), problems
+    assert any(f"of the hidden test {test}" in p for p in problems), problems
+
+
+def test_the_public_code_passes(tmp_path, notebooks, forbidden):
+    """Do the book's own code cells, shown on a page as Sphinx shows them, and the learners'
+    notebooks pass (the renamed comparison flags no code the course shows on purpose)?"""
+    for page in sorted((ROOT / "book").glob("[0-9]*.md")):
+        cells = re.findall(r"^```\{code-cell\}[^\n]*\n(.*?)^```", page.read_text(), flags=re.M | re.S)
+        code = "\n".join(re.sub(r"^:\w+:.*\n", "", c, flags=re.M) for c in cells)
+        (tmp_path / "site" / "book").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "site" / "book" / f"{page.stem}.html").write_text(_page_with(code))
+    (tmp_path / "exercises").mkdir()
+    for key, text in notebooks.items():
+        (tmp_path / "exercises" / f"{key}.ipynb").write_text(text)
+    assert lr.verify(tmp_path, forbidden) == []
+
+
+def _renamed(code: str) -> str:
+    """Code with its arguments and local variables renamed, re-laid out by `ast.unparse` (no comments,
+    quotes and parentheses its own), indented by three spaces and broken after every comma in brackets."""
+    tree = ast.parse(textwrap.dedent(code))
+    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    names |= {a.arg for a in ast.walk(tree) if isinstance(a, ast.arg)} - {"self"}
+    new = {name: f"renamed_{i}" for i, name in enumerate(sorted(names))}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id in new:
+            node.id = new[node.id]
+        elif isinstance(node, ast.arg) and node.arg in new:
+            node.arg = new[node.arg]
+    out, depth = [], 0
+    for ch in ast.unparse(tree):
+        depth += (ch in "([{") - (ch in ")]}")
+        out.append(ch + ("\n" + "   " * (depth + 1) if ch == "," and depth > 0 else ""))
+    return textwrap.indent("".join(out), "   ")
+
+
+def test_every_answer_that_is_found_is_found_renamed(tmp_path, forbidden):
+    """Is every answer of every master that a release may not hold as written also found with its
+    names renamed and its layout rewritten, and reported as that master's?"""
+    from nbgrader import utils as nbgrader_utils
+
+    from autograder import generate as gen
+
+    tried = 0
+    for a in all_assignments():
+        master = str(a.master.relative_to(ROOT))
+        for cell in gen.read_master(a).cells:
+            if cell.cell_type != "code" or not nbgrader_utils.is_solution(cell):
+                continue
+            code = re.sub(r"^\s*### (BEGIN|END) SOLUTION\n", "", cell.source + "\n", flags=re.M)
+            if not any(master in m.unit.sources for m in forbidden.find(code)):
+                continue  # public: a later notebook hands it out, or it is too short to tell anything
+            tried += 1
+            page = tmp_path / f"{a.key}-{tried}.html"
+            page.write_text(_page_with(_renamed(code)))
+            problems = lr.verify(tmp_path, forbidden)
+            page.unlink()
+            assert any(f"solution code from {master}" in p for p in problems), (a.key, cell.metadata["nbgrader"])
+    assert tried >= 35
+
+
+def test_every_line_the_line_check_found_is_still_found(forbidden):
+    """Is every line of a master's answers that the line-by-line check found (over MIN_LINE characters
+    without whitespace) still found alone and re-indented, unless it is that long only with its comment
+    (comments no longer count), or the public course shows its code, names aside?"""
+    from nbgrader import utils as nbgrader_utils
+
+    from autograder import generate as gen
+
+    lines = []
+    for a in all_assignments():
+        for cell in gen.read_master(a).cells:
+            if cell.cell_type == "code" and nbgrader_utils.is_solution(cell):
+                inside = False
+                for line in cell.source.splitlines():
+                    if "### BEGIN SOLUTION" in line or "### END SOLUTION" in line:
+                        inside = "BEGIN" in line
+                    elif inside and len(re.sub(r"\s+|#.*", "", line)) > lr.MIN_LINE:
+                        lines.append(line.strip())
+    assert len(lines) > 200
+    missed = [line for line in lines if not any(m.unit.sources[0].startswith("exercises/source/")
+                                                for m in forbidden.find(f"\t  {line}"))]
+    shown = lr.Forbidden(forbidden.kept)
+    for i, line in enumerate(missed):
+        shown.add_code(line, str(i))
+    shown.index([])
+    public = {s for text in lr._public_texts() for m in shown.find(text) for s in m.unit.sources}
+    assert [line for i, line in enumerate(missed) if str(i) not in public] == []
 
 
 def test_a_folder_with_foreign_files_is_refused(tmp_path, capsys):
