@@ -286,8 +286,8 @@ class GradingRun:
 
         file_times = sum(1 for _, source in self._times.values() if source == FROM_FILE_TIME)
         if file_times:
-            self.progress(f"submission times are file times (no timestamp.txt) for {file_times} of "
-                          f"{len(self._times)} submission(s)")
+            self.progress(f"submission times are file times (no timestamp.txt, or one refused) for {file_times} "
+                          f"of {len(self._times)} submission(s)")
         return todo
 
     def _scanned(self, i: int, found: Found) -> bool:
@@ -437,8 +437,8 @@ class GradingRun:
         from .export import write_feedback
         from .feedback import bounded, bounded_flags, feedback_html
         from .grader import ERROR
-        from .nbgrader_course import (nbgrader_time, release_notebook, timestamp_bytes, write_autograded,
-                                      write_feedback_companions)
+        from .nbgrader_course import (learners_timestamp, nbgrader_time, release_notebook, timestamp_bytes,
+                                      write_autograded, write_feedback_companions)
 
         limits = self.limits
         flags = bounded_flags(found.flags, limits)
@@ -451,8 +451,10 @@ class GradingRun:
             tail = (f" late: {duration(late.seconds_late)}"
                     + (f", -{round(late.penalty, 4):g} points" if late.penalty else "") + tail)
         stamp = timestamp_bytes(found.claim)
-        gbk.record(self.gb, self.assignment, found.student, result, timestamp=nbgrader_time(stamp),
-                   flagged=bool(flags))
+        # The gradebook holds nbgrader's own reading of the learner's timestamp.txt (formgrader counts a
+        # submission as autograded only when the two agree); the copies beside the outputs, `stamp`.
+        theirs = nbgrader_time(learners_timestamp(found.claim))
+        gbk.record(self.gb, self.assignment, found.student, result, timestamp=theirs, flagged=bool(flags))
         if self._release is None:
             self._release = release_notebook(self.assignment)
         write_autograded(self.out, self.assignment, found.student, data, result, stamp, limits, self._release)

@@ -190,6 +190,12 @@ def _beside(claim, name: str) -> bytes | None:
     return got.data
 
 
+def learners_timestamp(claim) -> bytes | None:
+    """The submission's timestamp.txt as the learner's `nbgrader submit` left it (`_beside`): what
+    nbgrader's formgrader reads in submitted/STUDENT/KEY/, never parsed here."""
+    return _beside(claim, "timestamp.txt")
+
+
 def timestamp_bytes(claim) -> bytes | None:
     """The submission's timestamp.txt (nbgrader's submit writes it; `_beside`), copied for nbgrader's tools
     only where it names a time that `deadlines.submission_time` accepts and nbgrader reads too (None
@@ -278,4 +284,4 @@ def write_autograded(out: Path, assignment: Assignment, student: str, data: byte
 
 
 __all__ = ["release_notebook", "write_release", "autograded_notebook", "inert_markdown", "timestamp_bytes",
-           "nbgrader_time", "write_autograded", "write_feedback_companions"]
+           "nbgrader_time", "learners_timestamp", "write_autograded", "write_feedback_companions"]

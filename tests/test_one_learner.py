@@ -77,6 +77,8 @@ def faulty_batch(tmp_path_factory):
         (folder / f"{KEY}.ipynb").write_bytes(stub)
         (folder / "timestamp.txt").write_text("2026-12-01 10:00:00.000000 UTC")
     (subs / "bob" / KEY / "timestamp.txt").unlink()  # bob's time is his file time
+    # alice's exchange wrote its zone's name, which nbgrader's own reader drops (it reads 11:00 UTC)
+    (subs / "alice" / KEY / "timestamp.txt").write_text("2026-12-01 11:00:00.000000 CEST")
 
     def full_marks(self, path, *, student="", seed=None, label=None, **kw):
         if student == "f_grade":
@@ -150,6 +152,16 @@ def test_every_other_learner_is_graded_recorded_and_exported(faulty_batch):
             assert saved["score"] == full and saved["sha256"]
             assert (out / "autograded" / student / KEY / f"{KEY}.ipynb").is_file()
     assert rows["alice"]["submitted_from"] == "timestamp.txt" and rows["bob"]["submitted_from"] == "file time"
+    # alice's time as the grader reads it in the CSV and beside her outputs; nbgrader's own reading of her
+    # file in the gradebook, where formgrader compares it with the file to count her as autograded
+    assert rows["alice"]["submitted_at"] == "2026-12-01T09:00:00Z"
+    for folder in ("autograded", "feedback"):
+        copied = (out / folder / "alice" / KEY / "timestamp.txt").read_text(encoding="utf-8").strip()
+        assert copied == "2026-12-01 09:00:00.000000 UTC", folder
+    from nbgrader.utils import parse_utc
+
+    with Gradebook(f"sqlite:///{out / 'gradebook.db'}") as gb:
+        assert gb.find_submission(KEY, "alice").timestamp == parse_utc("2026-12-01 11:00:00.000000 CEST")
     for lms in ("canvas", "moodle"):
         text = (out / "exports" / f"{KEY}_{lms}.csv").read_text(encoding="utf-8")
         assert all(f"{s}," in text or f",{s}" in text for s in HONEST), lms
