@@ -74,7 +74,7 @@ def write_outputs(gb, assignment, out: Path, limits: Limits = DEFAULT, config=No
     listed = {row["student_id"] for row in table}
     for student, data in sorted(saved.items()):
         # a learner whose row the gradebook could not take when they were graded: listed all the same
-        if student not in listed and data.get("not_in_gradebook") is True:
+        if student not in listed and data.get(gbk.NOT_IN_GRADEBOOK) is True:
             table.append(gbk.unrecorded_row(key, student, table[0] if table else None, limits))
     csv_path = out / f"{key}_grades.csv"
     gbk.write_csv(csv_path, table, limits)

@@ -172,14 +172,18 @@ def rows(gb: Gradebook, assignment: Assignment, statuses: dict[str, dict], limit
     return out
 
 
+def _error_row(key: str, student: str, reason: str) -> dict:
+    """A CSV row with the status "error" and `reason` (flagged for the instructor), no score yet."""
+    return {"student_id": student, "assignment": key, "score": 0.0, "max_score": 0.0, "auto_score": 0.0,
+            "manual": False, "needs_review": False, "status": "error", "reason": reason,
+            "late_penalty": 0.0, "submitted_at": "", "submitted_from": "", "seconds_late": 0}
+
+
 def _bare_row(gb: Gradebook, key: str, student: str, grade_cells: list, exc: BaseException) -> dict:
     """The row of a learner whose full row could not be built: the gradebook's scores where they can be
     read, the status "error" and the reason (flagged for the instructor)."""
-    row = {"student_id": student, "assignment": key, "score": 0.0, "max_score": 0.0, "auto_score": 0.0,
-           "manual": False, "needs_review": False, "status": "error",
-           "reason": f"flagged: this row could not be built ({type(exc).__name__}; details in the log): look at "
-                     "this submission",
-           "late_penalty": 0.0, "submitted_at": "", "submitted_from": "", "seconds_late": 0}
+    row = _error_row(key, student, f"flagged: this row could not be built ({type(exc).__name__}; details in the "
+                                   "log): look at this submission")
     try:
         nb = gb.find_submission_notebook(key, key, student)
         row.update(score=round(float(nb.score), 4), max_score=round(float(nb.max_score), 4))
@@ -261,14 +265,17 @@ def _bare_cells(row: dict, fields: list, limits: Limits) -> list:
     return [said.get(name, "") for name in fields]
 
 
+# In a result file: the gradebook could not take this learner's row (`export.write_outputs` still lists them).
+NOT_IN_GRADEBOOK = "not_in_gradebook"
+
+
 def unrecorded_row(key: str, student: str, like: dict | None, limits: Limits = DEFAULT) -> dict:
-    """The CSV row of a learner whose result the gradebook could not take (`grading_run`'s fallback): no
-    score, the status "error", flagged; with the columns of `like` (another row) where there is one."""
-    row = {"student_id": student, "assignment": key, "score": 0.0, "max_score": 0.0, "auto_score": 0.0,
-           "manual": False, "needs_review": False, "status": "error",
-           "reason": safe("flagged: the gradebook could not take this learner's result (details in the run's log); "
-                          "look at this submission: the next run grades it again", limits.error_chars),
-           "late_penalty": 0.0, "submitted_at": "", "submitted_from": "", "seconds_late": 0}
+    """The CSV row of a learner whose result the gradebook could not take (`grading_run`'s fallback, which
+    marks its result file with NOT_IN_GRADEBOOK): no score, the status "error", flagged; with the columns
+    of `like` (another row) where there is one."""
+    row = _error_row(key, student, safe("flagged: the gradebook could not take this learner's result (details in "
+                                        "the run's log); look at this submission: the next run grades it again",
+                                        limits.error_chars))
     for name in (like or {}):
         row.setdefault(name, 0.0)
     return row

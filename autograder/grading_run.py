@@ -45,8 +45,6 @@ from .usage import UsageError, course_grader, known_assignment
 # The columns of `gradebook.rows` that a submission's entry in the summary takes from the gradebook.
 FINAL_COLUMNS = ("score", "manual", "needs_review", "late_penalty", "submitted_at", "submitted_from",
                  "seconds_late")
-# In a result file: the gradebook could not take this learner's row (`export.write_outputs` still lists them).
-NOT_IN_GRADEBOOK = "not_in_gradebook"
 NO_SANDBOX_WARNING = ("WARNING: --no-sandbox: learner code runs on this machine as you, with access to your "
                       "files, the solutions, the hidden tests and the gradebook. Grade this way only "
                       "notebooks you trust.")
@@ -422,11 +420,11 @@ class GradingRun:
 
             return dict(result.to_dict(), sha256="", feedback=str(fb or ""), skipped=False, flags=flags,
                         submitted_at=iso_utc(submitted) if submitted is not None else "", submitted_from=source,
-                        **({} if in_gradebook else {NOT_IN_GRADEBOOK: True}))
+                        **({} if in_gradebook else {gbk.NOT_IN_GRADEBOOK: True}))
 
         data = attempt("the result", as_dict) or {"student": student, "status": ERROR, "error": reason,
                                                     "score": 0.0, "max_score": 0.0, "flags": flags, "sha256": "",
-                                                    **({} if in_gradebook else {NOT_IN_GRADEBOOK: True})}
+                                                    **({} if in_gradebook else {gbk.NOT_IN_GRADEBOOK: True})}
         attempt("the result file", lambda: write_json_atomic(self.results_dir / f"{student}.json", data))
         attempt("the progress line", lambda: self.progress(progress_line(student, result, limits, flags)))
         return data
