@@ -6,7 +6,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 # Two cores: one thread per process keeps torch from oversubscribing them.
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: install book test test-fast screenshots generate check-generated clean train
+.PHONY: install bytecode book test test-fast screenshots generate check-generated clean train
 
 install: $(VENV)/.installed
 
@@ -20,11 +20,17 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PY) -m pip install --quiet -r requirements.txt
 	touch $@
 
+# Where PYTHONDONTWRITEBYTECODE is set (CI's machine sets it), Python keeps no compiled modules of
+# a fresh clone, and each of the suite's hundreds of processes (grading runs, kernels, checks)
+# compiled the course's modules again, about 0.2 CPU seconds a grading process. Compile them once.
+bytecode: install
+	$(PY) -m compileall -q -j 2 autograder solutions tests benchmarks book/_ext >/dev/null
+
 # jupyter-book's build, with two pages executing at once (book/_ext/build_book.py; BOOK_JOBS=1 builds
 # one page at a time, as plain `jupyter-book build . -W -n --keep-going` does).
 BOOK_JOBS ?= 2
 
-book: install
+book: install bytecode
 	$(PY) book/_ext/build_book.py --jobs $(BOOK_JOBS) -- . -W -n --keep-going
 
 # The browser tests (tests/test_browser.py) read the built site: build it first. With the
@@ -36,12 +42,12 @@ book: install
 TEST_WORKERS ?= 2
 PYTEST_PARALLEL = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder)
 
-test: install check-generated book
+test: install bytecode check-generated book
 	$(PY) -m pytest $(PYTEST_PARALLEL) --durations=25
 
 # The tests not marked slow (see tests/conftest.py): no book, no browser, no end-to-end batch,
 # no mutants or seeds graded; about a minute on 2 cores.
-test-fast: install
+test-fast: install bytecode
 	$(PY) -m pytest $(PYTEST_PARALLEL) -m "not slow"
 
 # Every page of the built book at desktop and phone width, as full-page PNGs in
