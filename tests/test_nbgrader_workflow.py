@@ -313,3 +313,19 @@ def test_a_manual_score_is_kept_and_flagged_only_when_the_grader_changes_its_min
         assert gb.find_submission_notebook(KEY, KEY, "bob").flagged
         assert gbk.part_grades(gb, a, "bob")["scaled_dot_product_attention"] == {
             "score": 10.0, "auto": 15.0, "manual": 10.0, "max_score": 15.0}
+
+
+def test_a_new_gradebook_is_stamped_with_the_revision_nbgrader_stamps(tmp_path, monkeypatch):
+    """Is a gradebook the grader creates (reading nbgrader's migration head in its own process, not by
+    running the `alembic` command) stamped with the revision that nbgrader's own `alembic heads` gives,
+    so that nbgrader's tools take it as current?"""
+    import sqlite3
+
+    from autograder import gradebook as gbk
+
+    monkeypatch.setenv("PATH", str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
+    expected = gbk._nbgrader_alembic_version()  # nbgrader's function: runs `alembic heads`
+    with gbk.open_gradebook(f"sqlite:///{tmp_path / 'gradebook.db'}"):
+        pass
+    with sqlite3.connect(tmp_path / "gradebook.db") as con:
+        assert con.execute("SELECT version_num FROM alembic_version").fetchall() == [(expected,)]
