@@ -15,6 +15,10 @@ one Dask cluster). Then it prints, sorted by cost:
   of the tests and of the processes they waited for: above the total, the file used both cores);
 * the total per group (the tests a worker takes together, tests/conftest.py) and per worker;
 * the fixtures whose set-up took over a second, with their scope and parameter;
+* the CPU time of every process the run started, by kind (cold grading workers, warm
+  templates, the pytest workers' own, kernels, Chromium, nbgrader's commands, ``python -m
+  autograder`` commands...), sampled from /proc twice a second: the figures above count
+  only a test's own process and the children it waited for;
 * the slowest tests;
 * the book's execution time per page, from the build's execution cache
   (``_build/.jupyter_cache``), when the book has been built.
@@ -114,6 +118,80 @@ def _machine_cpu() -> tuple[float, float]:
     return (sum(fields) - idle, sum(fields))
 
 
+# Kinds of process, by command line (the first pattern that matches): where the CPU time goes
+# that the tests' own figures miss (a sandboxed worker, Chromium, a command nbgrader runs are not
+# children that a test waits for).
+PROCESS_KINDS = (
+    ("this script, and its CPU burners (--load)", lambda c: "suite_time.py" in c),
+    ("grading worker, cold (worker.py)", lambda c: "worker.py" in c and "--template" not in c),
+    ("warm template and the workers it forks", lambda c: "worker.py" in c),
+    ("nbgrader's alembic command", lambda c: "/alembic " in c),
+    ("Jupyter kernel", lambda c: "ipykernel" in c),
+    ("Chromium", lambda c: "chrom" in c.split(" ", 1)[0]),
+    ("multiprocessing pool process (grade --jobs, seeds)", lambda c: "multiprocessing" in c),
+    ("pip (wheels, venvs)", lambda c: " -m pip " in c or "pyproject_hooks" in c),
+    ("pytest and its workers (tests and in-process grading)", lambda c: " -m pytest" in c
+     or "exec(eval(sys.stdin.readline()))" in c),
+)
+
+
+class ProcessSampler:
+    """Every process's CPU time, read from /proc every `interval` seconds in a thread, summed per
+    kind of process (`PROCESS_KINDS`; ``python -m autograder CMD`` by its command). A process that
+    lives less than one interval may be missed, so the sum is a lower bound."""
+
+    def __init__(self, interval: float = 0.5):
+        import threading
+
+        self.interval, self.seen, self.base = interval, {}, {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._hz = os.sysconf("SC_CLK_TCK")
+
+    def _scan(self) -> None:
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                fields = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()
+                key, ticks = (name, fields[19]), int(fields[11]) + int(fields[12])
+                if key not in self.seen:
+                    cmd = Path(f"/proc/{name}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                    self.seen[key] = [ticks, cmd[:400]]
+                else:
+                    self.seen[key][0] = ticks
+            except (OSError, IndexError, ValueError):
+                continue
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._scan()
+
+    def start(self) -> None:
+        self._scan()
+        self.base = {k: v[0] for k, v in self.seen.items()}  # what ran before the suite
+        self._thread.start()
+
+    def stop(self) -> list[list]:
+        """[kind, CPU seconds, processes], costliest first."""
+        self._stop.set()
+        self._thread.join()
+        self._scan()
+        kinds: dict[str, list] = defaultdict(lambda: [0.0, 0])
+        for key, (ticks, cmd) in self.seen.items():
+            cpu = (ticks - self.base.get(key, 0)) / self._hz
+            if cpu <= 0:
+                continue
+            words = cmd.split()
+            if "worker.py" not in cmd and "-m" in words and "autograder" in words[:-1]:
+                kind = f"python -m autograder {words[words.index('autograder') + 1]}"
+            else:
+                kind = next((k for k, match in PROCESS_KINDS if match(cmd)), "other")
+            kinds[kind][0] += cpu
+            kinds[kind][1] += 1
+        return sorted(([k, round(c, 1), n] for k, (c, n) in kinds.items()), key=lambda r: -r[1])
+
+
 def book_pages() -> list[tuple[str, float]]:
     """(page, seconds of execution) from the book's execution cache, slowest first (read as
     `make book` reads it to order the pages: book/_ext/build_book.py)."""
@@ -168,6 +246,11 @@ def summarise(run: dict) -> str:
         w[1] += 1
     lines += ["", "per worker (s busy in tests)"]
     lines += [f"  {name:<8} {busy:7.1f} s, {n} tests" for name, (busy, n) in sorted(per_worker.items())]
+    if run.get("processes"):
+        sampled = sum(c for _, c, _ in run["processes"])
+        lines += ["", f"CPU by kind of process (s, sampled from /proc: {sampled:.0f} s in all, "
+                      f"{run.get('machine_cpu', 0):.0f} s of the machine's)"]
+        lines += [f"  {cpu:7.1f} {n:5d}  {kind}" for kind, cpu, n in run["processes"]]
     slow = sorted(run["tests"], key=lambda t: -(t["setup"] + t["call"] + t["teardown"]))[:25]
     lines += ["", "slowest tests (s, setup+call+teardown)"]
     for t in slow:
@@ -215,6 +298,8 @@ def main(argv: list[str] | None = None) -> int:
             b.start()
     load_before = os.getloadavg()[0]
     cpu_before = _machine_cpu()
+    sampler = ProcessSampler()
+    sampler.start()
     with tempfile.TemporaryDirectory(prefix="suite-time-") as folder:
         env = dict(os.environ, SUITE_TIME_DIR=folder,
                    PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "benchmarks"), os.environ.get("PYTHONPATH")])))
@@ -227,6 +312,7 @@ def main(argv: list[str] | None = None) -> int:
             for b in burners:
                 b.terminate()
         wall = time.perf_counter() - start
+        processes = sampler.stop()
         busy, total = (a - b for a, b in zip(_machine_cpu(), cpu_before))
         parts = {p.stem: json.loads(p.read_text()) for p in Path(folder).glob("*.json")}
     workers = {k: v for k, v in parts.items() if k != "main"} or parts
@@ -234,6 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     fixtures = [f for part in workers.values() for f in part["fixtures"]]
     run = {"wall": wall, "machine_busy": round(busy / total, 3) if total else None, "exit": int(code), "cpus": os.cpu_count(), "load": args.load,
            "load_before": load_before, "load_after": os.getloadavg()[0], "argv": pytest_args,
+           "processes": processes, "machine_cpu": round(busy / os.sysconf("SC_CLK_TCK"), 1),
            "tests": tests, "fixtures": fixtures, "book": book_pages()}
     if args.json:
         Path(args.json).write_text(json.dumps(run, indent=1))
