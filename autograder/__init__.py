@@ -6,7 +6,28 @@ Learner code never runs in the process that decides a score: see `autograder.run
 grades in a process of its own); importing this package imports neither torch nor IPython.
 """
 
-from .assignments import Assignment, all_assignments, get_assignment
+
+
+def _skip_iri_grammars() -> None:
+    """Keep jsonschema from compiling grammars the course never uses.
+
+    nbformat imports jsonschema, which, where the package `rfc3987_syntax` is installed
+    (Jupyter's own requirements install it), imports it to check the "iri" format, and that
+    import compiles 38 Lark grammars: about 1.1 CPU seconds in every process that reads a
+    notebook, against 0.1 s for nbformat without it. Nothing of the course checks that format
+    (nbformat validates without format checks). So the course's own processes (its commands,
+    grading processes, the test suite) block that optional import, which jsonschema skips when
+    it fails. A learner's kernel (IPython loaded) and a process that has imported jsonschema
+    already are left as they are."""
+    import sys
+
+    if not {"jsonschema", "rfc3987_syntax", "IPython", "ipykernel"} & sys.modules.keys():
+        sys.modules["rfc3987_syntax"] = None
+
+
+_skip_iri_grammars()
+
+from .assignments import Assignment, all_assignments, get_assignment  # noqa: E402
 
 
 def check(part=None, *, assignment: str | None = None, seed: int | None = None) -> None:

@@ -126,3 +126,28 @@ def test_any_failure_while_parsing_is_a_notebook_error(monkeypatch):
         with pytest.raises(NotebookError, match=rf"nb\.ipynb could not be read as (notebook JSON|a notebook) "
                                                rf"\({type(exc).__name__}\)|not UTF-8"):
             notebook.parse_notebook(raw, "nb.ipynb")
+
+
+def test_the_courses_processes_skip_the_iri_grammars_and_a_kernel_keeps_them():
+    """Does a process of the course read and validate notebooks without compiling rfc3987_syntax's
+    grammars (about 1.1 CPU s a process), while a process with IPython loaded (a learner's kernel)
+    keeps whatever jsonschema finds installed?"""
+    import subprocess
+    import sys
+
+    probe = ("import sys, nbformat\n"
+             "nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell('x = 1')])\n"
+             "nbformat.validate(nb)\n"
+             "bad = nbformat.v4.new_notebook(); bad.cells.append({'cell_type': 'code'})\n"
+             "try:\n    nbformat.validate(bad)\nexcept nbformat.ValidationError:\n    print('invalid refused')\n"
+             "print('grammars', sys.modules.get('rfc3987_syntax') is not None)\n")
+    ours = subprocess.run([sys.executable, "-c", "import autograder\n" + probe], capture_output=True, text=True)
+    assert ours.stdout.split("\n")[:2] == ["invalid refused", "grammars False"], ours.stderr
+    from importlib import metadata
+
+    try:
+        metadata.distribution("rfc3987-syntax")
+    except metadata.PackageNotFoundError:
+        return  # not installed here: nothing for a kernel to keep
+    kernel = subprocess.run([sys.executable, "-c", "import IPython, autograder\n" + probe], capture_output=True, text=True)
+    assert kernel.stdout.split("\n")[:2] == ["invalid refused", "grammars True"], kernel.stderr
