@@ -1212,8 +1212,11 @@ def test_sample_keeps_the_token_that_crosses_top_p(learner, reference, rng):
         logits = _nucleus_case(rng, V, settings, [{"p_rule": "drop"}], 600)
         _check_sampling(learner, rng, V, 600, {**settings, "_outside": SA_OUTSIDE_P}, TOP_P_VARIANTS, [],
                         lambda r, v, z=logits: z)
-    # probabilities 1/4 each, exactly: top_p = 1/2 is reached by the first two (the lowest ids first), not three
-    n = 4 * _randint(rng, 1, 3)
+    # probabilities 1/n each, n a power of two: top_p = 2/n is reached by the first two (the lowest ids first),
+    # not three. Every partial sum of 1/n is exact in float32, so the mass before the third token is exactly
+    # top_p however it is computed (a shifted cumsum, or cumsum - probs): with n = 12 the rounding of
+    # 3/12 - 1/12 decided whether a right answer kept a third token.
+    n = 2 ** _randint(rng, 2, 4)
     draws = _draws(learner, torch.zeros(n), 100, _randint(rng, 0, 10**6), top_p=2 / n)
     expect(set(draws) == {0, 1}, SA_P_EXACT)
     # the top token alone when top_p is below its probability: the runner-up is close, never drawn

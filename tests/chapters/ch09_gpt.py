@@ -122,6 +122,9 @@ MISTAKES = {
     # Part 4: the token that crosses top_p is dropped.
     "top_p_drops_the_crossing_token": Mistake(19, {TOP_P}, {TOP_P: "drops the token that crosses top_p"}, edits=(
         (NUCLEUS, "keep_sorted = cumulative < top_p"),)),
+    # Part 4, right: the mass before each token as cumsum - probs (a form several codebases use), full marks.
+    "top_p_mass_before_by_subtraction": Mistake(20, set(), {}, edits=(
+        ("before = torch.cat([cumulative.new_zeros(1), cumulative[:-1]])", "before = cumulative - sorted_probs"),)),
     # Part 4: the generator is not used: draws from the global generator.
     "sample_ignores_the_generator": Mistake(
         19, {"test_sample_temperature_and_generator", "test_generate_samples_rows_in_order_with_the_generator"},
