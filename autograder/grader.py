@@ -215,7 +215,9 @@ def load_hidden_checks(assignment: Assignment):
         if unknown:
             raise GraderConfigError(f"hidden test {name} asks for unknown fixture(s) {unknown}; "
                                     f"known: {', '.join(FIXTURES)}")
-        title = (fn.__doc__ or name).strip().splitlines()[0]
+        # The title is the docstring's first paragraph, whole: a question cut at its first line
+        # ("... and fill") reads as a different question in the report and on the feedback page.
+        title = " ".join(inspect.cleandoc(fn.__doc__ or name).split("\n\n")[0].split())
         checks.append(HiddenCheck(name, pts.part, float(pts.n), title, fn, params))
     return module, checks
 

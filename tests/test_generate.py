@@ -93,6 +93,15 @@ def test_hidden_points_add_up_to_the_notebook_points(assignment):
                                       gen.grade_cells(read_master(assignment)).items()}
 
 
+@pytest.mark.parametrize("assignment", ASSIGNMENTS, ids=KEYS)
+def test_every_check_title_is_its_whole_question(assignment):
+    """Is each hidden check's title, as the report, `--json` and the feedback page show it, the whole question
+    of its docstring's first paragraph (ending with its question mark), never its first line cut mid-sentence?"""
+    for check in Grader(assignment).checks:
+        assert check.title.endswith("?") and "\n" not in check.title and "  " not in check.title, (
+            check.name, check.title)
+
+
 def test_grader_refuses_hidden_points_that_do_not_add_up(monkeypatch):
     """Does a hidden check with the wrong points stop the grader before it grades anyone?"""
     import autograder.hidden.test_03_qkv as hidden
