@@ -30,7 +30,7 @@ bytecode: install
 # one page at a time, as plain `jupyter-book build . -W -n --keep-going` does).
 BOOK_JOBS ?= 2
 
-book: install bytecode
+book: bytecode
 	$(PY) book/_ext/build_book.py --jobs $(BOOK_JOBS) -- . -W -n --keep-going
 
 # The browser tests (tests/test_browser.py) read the built site: build it first. With the
@@ -42,12 +42,12 @@ book: install bytecode
 TEST_WORKERS ?= 2
 PYTEST_PARALLEL = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder)
 
-test: install bytecode check-generated book
+test: bytecode check-generated book
 	$(PY) -m pytest $(PYTEST_PARALLEL) --durations=25
 
 # The tests not marked slow (see tests/conftest.py): no book, no browser, no end-to-end batch,
 # no mutants or seeds graded; about a minute on 2 cores.
-test-fast: install bytecode
+test-fast: bytecode
 	$(PY) -m pytest $(PYTEST_PARALLEL) -m "not slow"
 
 # Every page of the built book at desktop and phone width, as full-page PNGs in

@@ -7,7 +7,6 @@ grades in a process of its own); importing this package imports neither torch no
 """
 
 
-
 def _skip_iri_grammars() -> None:
     """Keep jsonschema from compiling grammars the course never uses.
 
