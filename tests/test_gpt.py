@@ -121,3 +121,37 @@ def test_small_budget_pipeline_end_to_end(tmp_path, monkeypatch):
     assert gpt_experiment.bits_per_byte(loaded, config.vocab_size) == pytest.approx(metrics["test_bits_per_byte"],
                                                                                    abs=1e-4)
     assert gpt_experiment.main(["check", "--budget", "small"]) == 0
+
+
+def test_exercise_09s_checks_make_transformers_state_dict_and_logits_without_it():
+    """Exercise 09's part 3 is graded without importing transformers (2.4 CPU s of every check): its hidden
+    checks build GPT2LMHeadModel's state dict (`_hf_layout`, `_hf_case`) and compute its logits (`_hf_logits`)
+    themselves. On the checks' own cases, for many seeds, both must be the pinned library's: the same
+    parameters in the same order (so the weights drawn are the same), the same keys, and the same logits
+    (float64: the same computation; float32: 20 times closer than the check's tolerance of 1e-4)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers.utils import logging
+
+    from autograder.hidden import test_09_gpt as hidden
+
+    logging.set_verbosity_error()
+    for seed in range(30):
+        rng = torch.Generator().manual_seed(seed)
+        sd, args = hidden._hf_case(rng)
+        V, n, d, L, H = args
+        config = GPT2Config(n_embd=d, n_layer=L, n_head=H, n_positions=n, vocab_size=V, activation_function="gelu_new",
+                            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+        hf = GPT2LMHeadModel(config).eval()
+        assert [(k, tuple(p.shape)) for k, p in hf.named_parameters()] == hidden._hf_layout(V, n, d, L)
+        buffers = {f"transformer.h.{i}.attn.bias" for i in range(L)}
+        assert list(hf.state_dict()) == [k for k in sd if k not in buffers]
+        missing, unexpected = hf.load_state_dict(sd, strict=False)
+        assert not missing and set(unexpected) <= buffers
+        ids = torch.randint(0, V, (2, n), generator=rng)
+        ours = hidden._hf_logits(sd, args, ids)
+        with torch.no_grad():
+            theirs32 = hf(ids).logits
+            theirs64 = hf.double()(ids).logits
+        assert ours.dtype == torch.float64 and ours.shape == theirs64.shape == (2, n, V)
+        assert torch.allclose(ours, theirs64, rtol=1e-9, atol=1e-9), seed
+        assert torch.allclose(ours.float(), theirs32, rtol=5e-6, atol=5e-6), seed

@@ -260,8 +260,8 @@ def test_what_an_installed_course_cannot_do_is_said_in_one_sentence(venv, tmp_pa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["subs"] and len(list(tmp_path.rglob("*"))) == 2
 
 
-# A completed notebook and typical mistakes (their hints): chapter 03, and chapter 09, whose checks
-# import transformers, the learner extra.
+# A completed notebook and typical mistakes (their hints): chapter 03, and chapter 09, whose notebook
+# imports transformers, the learner extra.
 CHECKED = [("03_qkv", "ref"), ("03_qkv", "no_scale"), ("09_gpt", "conv1d_not_transposed")]
 
 

@@ -16,9 +16,13 @@ functional GPT of this module, which also computes the typical mistakes (post-LN
 a causal mask missing or not offset by the cache, positions not offset, ...). The initialisation
 is judged by its statistics, with bounds far outside any sampling noise.
 
-Part 3 loads the state dict of a `transformers.GPT2LMHeadModel` (random small configs, built
-offline, its weights redrawn here so that every mistake shows) and compares the learner's
-parameters with the expected ones and the learner's logits with the library's.
+Part 3 loads the state dict of a `transformers.GPT2LMHeadModel` (random small configs, its weights
+drawn here so that every mistake shows) and compares the learner's parameters with the expected
+ones and the learner's logits with the library's. The state dict and the library's logits are made
+here without importing `transformers` (2.4 CPU seconds, more than the rest of a check): the
+layout of GPT2LMHeadModel's state dict (`_hf_layout`) and its forward pass (`_hf_logits`: GPT-2
+written out in float64, its head tied to the token embedding) are both compared with the pinned
+`transformers` on this module's own cases, for many seeds, by tests/test_gpt.py.
 
 Part 4 calls `sample` many times with a generator made in the learner's process and judges the
 draws by their distribution: the support (nothing outside the top-k or the nucleus), and the
@@ -836,33 +840,51 @@ OURS = {"ln_1": "ln1", "attn.c_attn": "attn.qkv", "attn.c_proj": "attn.proj", "l
         "mlp.c_proj": "mlp.proj"}
 
 
-def _hf_case(rng):
-    """A random small GPT2LMHeadModel (built offline) with weights redrawn from `rng`, its state dict (with the
-    buffers a checkpoint also holds), and the matching GPT arguments."""
-    from transformers import GPT2Config, GPT2LMHeadModel
-    from transformers.utils import logging
+def _hf_layout(V, n, d, L):
+    """The parameters of a GPT2LMHeadModel(vocab_size=V, n_positions=n, n_embd=d, n_layer=L), (name, shape), in
+    the order of its `named_parameters()` (the head, tied to the token embedding, is not listed there). Conv1D
+    weights are stored (in, out). tests/test_gpt.py compares this with the pinned `transformers`."""
+    layout = [("transformer.wte.weight", (V, d)), ("transformer.wpe.weight", (n, d))]
+    for i in range(L):
+        p = f"transformer.h.{i}."
+        layout += [(p + "ln_1.weight", (d,)), (p + "ln_1.bias", (d,)),
+                   (p + "attn.c_attn.weight", (d, 3 * d)), (p + "attn.c_attn.bias", (3 * d,)),
+                   (p + "attn.c_proj.weight", (d, d)), (p + "attn.c_proj.bias", (d,)),
+                   (p + "ln_2.weight", (d,)), (p + "ln_2.bias", (d,)),
+                   (p + "mlp.c_fc.weight", (d, 4 * d)), (p + "mlp.c_fc.bias", (4 * d,)),
+                   (p + "mlp.c_proj.weight", (4 * d, d)), (p + "mlp.c_proj.bias", (d,))]
+    return layout + [("transformer.ln_f.weight", (d,)), ("transformer.ln_f.bias", (d,))]
 
-    logging.set_verbosity_error()
+
+def _hf_case(rng):
+    """The state dict of a random small GPT2LMHeadModel (gelu_new, no dropout), as its `state_dict()` gives it
+    plus the causal-mask buffers a checkpoint also holds, with weights drawn from `rng` (float32), and the
+    matching GPT arguments (V, n, d, L, H)."""
     H = _randint(rng, 1, 4)
     d, L = H * 4 * _randint(rng, 1, 2), _randint(rng, 1, 3)
     V, n = _randint(rng, 30, 80), _randint(rng, 8, 16)
-    config = GPT2Config(n_embd=d, n_layer=L, n_head=H, n_positions=n, vocab_size=V, activation_function="gelu_new",
-                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
-    hf = GPT2LMHeadModel(config).eval()
-    with torch.no_grad():
-        for name, p in hf.named_parameters():
-            noise = torch.randn(p.shape, generator=rng)
-            if ".ln_" in name:
-                p.copy_((1.0 if name.endswith("weight") else 0.0) + 0.2 * noise)
-            elif name.endswith("bias"):
-                p.copy_(0.2 * noise)
-            else:
-                p.copy_(noise / math.sqrt(p.shape[0] if any(c in name for c in CONV1D) else p.shape[-1]))
-    sd = {k: v.detach().clone() for k, v in hf.state_dict().items()}
+    sd = {}
+    for name, shape in _hf_layout(V, n, d, L):
+        noise = torch.randn(shape, generator=rng)
+        if ".ln_" in name:
+            sd[name] = (1.0 if name.endswith("weight") else 0.0) + 0.2 * noise
+        elif name.endswith("bias"):
+            sd[name] = 0.2 * noise
+        else:
+            sd[name] = noise / math.sqrt(shape[0] if any(c in name for c in CONV1D) else shape[-1])
+    sd["lm_head.weight"] = sd["transformer.wte.weight"].clone()
     for i in range(L):
-        sd.setdefault(f"transformer.h.{i}.attn.bias", torch.ones(1, 1, n, n).tril())
-    sd.setdefault("lm_head.weight", sd["transformer.wte.weight"])
-    return hf, sd, (V, n, d, L, H)
+        sd[f"transformer.h.{i}.attn.bias"] = torch.ones(1, 1, n, n).tril()
+    return sd, (V, n, d, L, H)
+
+
+def _hf_logits(sd, args, ids):
+    """GPT2LMHeadModel's logits (B, T, V) for the state dict `sd` and the ids, in float64: GPT-2 written out
+    (pre-LN blocks, gelu_new, LayerNorm eps 1e-5, attention scaled by the head size, the head tied to the token
+    embedding). tests/test_gpt.py compares them with the pinned `transformers`' own, on this module's cases."""
+    V, n, d, L, H = args
+    ours = {k: v.double() for k, v in {**_expected_params(sd, L), "head.weight": sd["transformer.wte.weight"]}.items()}
+    return _gpt(ours, ids, H, L)[0]
 
 
 def _expected_params(sd, L):
@@ -917,7 +939,7 @@ def _judge_params(got, before, sd, L):
 def test_load_hf_gpt2_copies_every_weight(learner, reference, rng):
     """After load_hf_gpt2, does every parameter hold GPT-2's weight (the Conv1D ones transposed), extra keys ignored?"""
     for _ in range(2):
-        _, sd, args = _hf_case(rng)
+        sd, args = _hf_case(rng)
         _, before, after = _load(learner, sd, args)
         _judge_params(after, before, sd, args[3])
 
@@ -926,14 +948,13 @@ def test_load_hf_gpt2_copies_every_weight(learner, reference, rng):
 def test_load_hf_gpt2_logits_match_transformers(learner, reference, rng):
     """With GPT-2's weights loaded, do your GPT's logits agree with transformers' GPT2LMHeadModel's?"""
     for _ in range(2):
-        hf, sd, args = _hf_case(rng)
+        sd, args = _hf_case(rng)
         V, n, d, L, H = args
         h, before, after = _load(learner, sd, args)
         _judge_params(after, before, sd, L)
         method(h, "eval", "GPT")()
         ids = torch.randint(0, V, (2, n), generator=rng)
-        with torch.no_grad():
-            expected = hf(ids).logits
+        expected = _hf_logits(sd, args, ids)
         out = h(ids)
         expect(isinstance(out, (tuple, list)) and len(out) == 2, CACHE_LIST)
         got = tensor(out[0], "GPT", shape=expected.shape, what="the logits")
@@ -955,7 +976,7 @@ def _same_f32(a, b):
 @points(0.5, part="load_hf_gpt2")
 def test_load_hf_gpt2_rejects_missing_and_misshapen_keys(learner, reference, rng):
     """Does load_hf_gpt2 raise a ValueError naming the key when a needed key is missing or misshapen?"""
-    _, sd, args = _hf_case(rng)
+    sd, args = _hf_case(rng)
     h, before, after = _load(learner, sd, args)
     _judge_params(after, before, sd, args[3])
     needed = sorted(k for k in sd if not k.endswith("attn.bias") and k != "lm_head.weight")
