@@ -31,10 +31,13 @@ import numpy as np
 OP_LOAD = "load"            # {"cells": [{"label", "source"}], "seed"} -> {"errors": [...], "notes": [...], "more": N}
 OP_SEED = "seed"            # {"seed"} -> None: seed the worker's random generators
 OP_HAS = "has"              # {"name"} -> bool
-OP_CALL = "call"            # {"target", "args", "kwargs", ["device_check"]} -> value
+OP_CALL = "call"            # {"target", "args", "kwargs", ["device_check"], ["repeat"]} -> value
+# (with "repeat": N, 1 <= N <= MAX_REPEAT, the call is made N times in a row, its arguments decoded anew
+# each time, and the reply is the list of the N values; the first call that raises ends it)
 OP_GETATTR = "getattr"      # {"target", "attr"} -> value
 OP_WITH_GRAD = "with_grad"  # {"target", "args", "kwargs", "cotangents", "params"} -> {"output", "arg_grads", "param_grads"}
 OPS = (OP_LOAD, OP_SEED, OP_HAS, OP_CALL, OP_GETATTR, OP_WITH_GRAD)
+MAX_REPEAT = 10_000  # calls in one repeated call (a check that draws samples makes hundreds)
 
 KIND_LEARNER = "learner"                # the learner's code raised
 KIND_NOT_IMPLEMENTED = "notimplemented"  # ... NotImplementedError: still the stub

@@ -595,13 +595,24 @@ def _sent(sub: Submission, target: dict, *values, device_check: bool = False) ->
     return sub.allowed_devices(sent, on_handle="handle" in target, device_check=device_check)
 
 
-def _call(sub: Submission, target: dict, name: str, args, kwargs, device_check: bool = False):
+def _call(sub: Submission, target: dict, name: str, args, kwargs, device_check: bool = False,
+          repeat: int | None = None):
     req = {"op": P.OP_CALL, "target": target, "args": sub.encode(tuple(args))[P.TAG_TUPLE],
            "kwargs": sub.encode(dict(kwargs))[P.TAG_DICT]}
     if device_check:
         req["device_check"] = True
+    if repeat is not None:
+        # All the calls share the time limit of one call (Limits.call_seconds): a repeated call is for
+        # calls that take a small part of it, such as draws of a sampler. A call that hangs is stopped
+        # as soon as it would be alone, and the checks after it go on in a new worker.
+        if type(repeat) is not int or not 1 <= repeat <= P.MAX_REPEAT:
+            raise ValueError(f"repeat must be an int from 1 to {P.MAX_REPEAT}, not {repeat!r}")  # a check's bug
+        req["repeat"] = repeat
     allowed = _sent(sub, target, args, kwargs, device_check=device_check)
-    return sub.returned(name, sub.decode(sub.request(req, name=name), name, allowed))
+    value = sub.decode(sub.request(req, name=name), name, allowed)
+    if repeat is not None and (type(value) is not list or len(value) != repeat):
+        raise BoundaryError(name, f"the grading process sent something else than the {repeat} values of a repeated call")
+    return sub.returned(name, value)
 
 
 class Learner:
@@ -618,7 +629,14 @@ class Learner:
         def remote(*args, **kwargs):
             return _call(sub, {"name": name}, name, args, kwargs)
 
+        def repeat(n: int, *args, **kwargs) -> list:
+            """NAME(*args, **kwargs) called n times in a row in the worker, in one request: the list of
+            what the n calls return, as n calls of `remote` would give it (the arguments decoded anew for
+            each; the first call that raises raises here)."""
+            return _call(sub, {"name": name}, name, args, kwargs, repeat=n)
+
         remote.__name__ = name
+        remote.repeat = repeat
         return remote
 
     def has(self, name: str) -> bool:

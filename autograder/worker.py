@@ -184,20 +184,26 @@ class Worker:
 
     def op_call(self, req):
         fn = self.target(req)
-        args = self.decode({P.TAG_TUPLE: req["args"]})
-        kwargs = self.decode({P.TAG_DICT: req["kwargs"]})
-        try:
-            if req.get("device_check"):
-                # the CPU stand-ins of random operations draw numbers, which meta tensors do not
-                with sys.modules["torch"].random.fork_rng(devices=[]), device_check_mode()():
+        repeat = req.get("repeat")
+        if repeat is not None and (type(repeat) is not int or not 1 <= repeat <= P.MAX_REPEAT):
+            raise P.CodecError("malformed repeat")
+        values = []
+        for _ in range(1 if repeat is None else repeat):  # as that many calls: arguments decoded anew each time
+            args = self.decode({P.TAG_TUPLE: req["args"]})
+            kwargs = self.decode({P.TAG_DICT: req["kwargs"]})
+            try:
+                if req.get("device_check"):
+                    # the CPU stand-ins of random operations draw numbers, which meta tensors do not
+                    with sys.modules["torch"].random.fork_rng(devices=[]), device_check_mode()():
+                        result = fn(*args, **kwargs)
+                else:
                     result = fn(*args, **kwargs)
-            else:
-                result = fn(*args, **kwargs)
-        except _Reply:
-            raise
-        except BaseException as exc:
-            raise _learner_error(exc)
-        return self.enc(result)
+            except _Reply:
+                raise
+            except BaseException as exc:
+                raise _learner_error(exc)
+            values.append(self.enc(result))
+        return values[0] if repeat is None else values
 
     def op_getattr(self, req):
         obj = self.target(req)

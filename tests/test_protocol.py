@@ -22,7 +22,7 @@ import torch
 
 from autograder import protocol as P
 from autograder.limits import DEFAULT
-from autograder.runner import BoundaryError, Learner, Submission
+from autograder.runner import BoundaryError, Learner, LearnerError, Submission
 
 
 def nested(depth: int, leaf=1, wrap=list):
@@ -536,3 +536,59 @@ def test_a_reply_too_large_or_holding_too_many_containers_is_refused_by_the_trus
         with pytest.raises(BoundaryError, match="more than 50 lists or objects"):
             learner.lists(60)
         assert sub.proc is None
+
+
+REPEAT_CODE = """
+import torch
+calls = []
+
+def generator(seed):
+    return torch.Generator().manual_seed(seed)
+
+def draw(logits, generator=None):
+    calls.append(1)
+    logits.mul_(2)  # changes its argument: each call of a repeated call gets the argument as it was sent
+    return int(torch.multinomial((logits / 2).softmax(-1), 1, generator=generator))
+
+tries = []
+
+def third_raises(x):
+    tries.append(1)
+    if len(tries) == 3:
+        raise ValueError("the third call")
+    return x
+
+def count():
+    return len(calls), len(tries)
+"""
+
+
+def test_a_repeated_call_gives_what_as_many_calls_give():
+    """`learner.f.repeat(n, ...)`, one request for n calls (a check that draws samples makes hundreds): the
+    same values as n calls, each call with its arguments as sent, the first that raises ends it; a worker
+    that answers with another number of values, or a repeat count out of bounds, is refused."""
+    with Submission([{"label": "a", "source": REPEAT_CODE}]) as sub:
+        learner = Learner(sub)
+        logits = torch.tensor([0.1, 0.5, -0.3, 0.2, 0.0, 0.4])
+        repeated = learner.draw.repeat(200, logits, generator=learner.generator(7))
+        g = learner.generator(7)
+        one_by_one = [learner.draw(logits, generator=g) for _ in range(200)]
+        assert repeated == one_by_one and len(set(repeated)) == 6  # the same draws, from every token
+        assert learner.count() == (400, 0) and torch.equal(logits, torch.tensor([0.1, 0.5, -0.3, 0.2, 0.0, 0.4]))
+        assert learner.third_raises.repeat(2, "x") == ["x", "x"]
+        with pytest.raises(LearnerError, match="the third call"):
+            learner.third_raises.repeat(5, "x")
+        assert learner.count() == (400, 3)  # the calls after the one that raised were not made
+        for n in (0, P.MAX_REPEAT + 1, True, 2.0):
+            with pytest.raises(ValueError, match="repeat must be"):
+                learner.count.repeat(n)
+            with pytest.raises(BoundaryError, match="malformed repeat"):  # a worker refuses it too
+                sub.request({"op": P.OP_CALL, "target": {"name": "count"}, "args": [], "kwargs": [], "repeat": n},
+                            name="count")
+        real = sub.request
+        for forged in ([1, 2], 3, None, {"__tuple__": [1, 2, 3]}):
+            sub.request = lambda req, name, forged=forged: forged
+            with pytest.raises(BoundaryError, match="the 3 values of a repeated call"):
+                learner.count.repeat(3)
+        sub.request = real
+        assert learner.count.repeat(3) == [(400, 3)] * 3

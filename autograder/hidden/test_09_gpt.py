@@ -1059,8 +1059,9 @@ def _drawn(x, V):
 
 
 def _draws(learner, logits, n, seed, **kw):
+    """n draws of the learner's sample with one generator seeded with `seed`, made in one request."""
     gen = _generator(learner, seed)
-    return [_drawn(learner.sample(logits, generator=gen, **kw), len(logits)) for _ in range(n)]
+    return [_drawn(x, len(logits)) for x in learner.sample.repeat(n, logits, generator=gen, **kw)]
 
 
 def _separated(p, q, n):
