@@ -107,3 +107,29 @@ def device_check_mode():
             return tuple(back) if isinstance(out, tuple) else back[0]
 
     return DeviceCheck
+
+
+def plain_checks_without_symbolic_shapes() -> None:
+    """Decide PyTorch's internal checks on plain Python booleans without importing its symbolic-shape module.
+
+    `torch._check_with` (behind `torch._check` and the checks of `nn.MultiheadAttention` on a key
+    padding mask, which every Transformer layer given a padding mask runs) imports
+    `torch.fx.experimental.symbolic_shapes`, and with it SymPy, on its first call, even for a condition
+    that is a plain `bool`: about 0.35 CPU s, a tenth of a check of exercise 08. For a true `bool` this
+    returns at once, as `_check_with` does after that import; anything else (a false condition, which
+    raises, or a symbolic one) goes to PyTorch's own function. Run in the worker (`worker.preload`)
+    and on the grader's side (`autograder.grader`); tests/test_device_check.py holds it to PyTorch's."""
+    import torch
+
+    original = torch._check_with
+    if getattr(original, "_plain_first", False):
+        return
+
+    def _check_with(error_type, cond, message):
+        if type(cond) is bool and cond:
+            return None
+        return original(error_type, cond, message)
+
+    _check_with._plain_first = True
+    _check_with.__wrapped__ = original
+    torch._check_with = _check_with

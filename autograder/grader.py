@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from .assignments import Assignment
+from .device_check import plain_checks_without_symbolic_shapes
 from .hidden.support import Hint, Points
 from .learner_errors import gpu_hint
 from .limits import DEFAULT, Limits
@@ -45,6 +46,7 @@ from .runner import (BoundaryError, CallTimeout, GradingError, Learner, LearnerE
                      NotImplementedRemote, Submission, WorkerDied)
 
 log = logging.getLogger("autograder")
+plain_checks_without_symbolic_shapes()  # the reference's Transformer layers, as the worker's (see there)
 
 GRADED, ERROR, GRADER_ERROR = "graded", "error", "grader_error"
 FIXTURES = ("learner", "reference", "rng", "devices", "seed")

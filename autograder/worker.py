@@ -36,7 +36,7 @@ import traceback
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import protocol as P  # noqa: E402
-from device_check import device_check_mode  # noqa: E402
+from device_check import device_check_mode, plain_checks_without_symbolic_shapes  # noqa: E402
 
 KEPT = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef,
         ast.Assign, ast.AnnAssign, ast.AugAssign)
@@ -279,6 +279,7 @@ def preload() -> None:
 
     Worker.warm = True
     torch.set_num_threads(1)
+    plain_checks_without_symbolic_shapes()
     x = torch.ones(2, 2, requires_grad=True)
     (x @ x).sum().backward()
     m = torch.ones(2, 2, device="meta")

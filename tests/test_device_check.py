@@ -10,6 +10,8 @@ rule for what mixes, and `torch.autograd.grad` for the gradients."""
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -19,6 +21,7 @@ from autograder.hidden.support import vjp
 from autograder.runner import Learner, LearnerError, Submission
 
 from autograder.device_check import device_check_mode
+from conftest import ROOT
 
 META = torch.device("meta")
 
@@ -137,6 +140,12 @@ def two(a, b):
     h = torch.tanh(a @ b)
     return h, (h * a.sum()).cumsum(-1)
 
+def padded():
+    layer = torch.nn.TransformerEncoderLayer(8, 2, 16, batch_first=True)  # training mode: MultiheadAttention's checks
+    mask = torch.zeros(2, 3, dtype=torch.bool)
+    mask[0, 2] = True
+    return list(layer(torch.randn(2, 3, 8), src_key_padding_mask=mask).shape)
+
 def loaded():
     return sorted(m for m in ("torch._dynamo", "sympy") if m in sys.modules)
 '''
@@ -157,8 +166,46 @@ def test_a_device_checked_call_runs_without_the_compiler_or_sympy(learner):
         lrn.device_checked("fixed", q)
     a, b = torch.randn(3, 3, dtype=torch.float64), torch.randn(3, 3, dtype=torch.float64)
     lrn.with_grad("two", a, b, cotangents=(torch.ones(3, 3, dtype=torch.float64),) * 2)
-    # the worker's one-time set-up and these calls left PyTorch's compiler and SymPy unimported
+    assert lrn.padded() == [2, 3, 8]
+    # the worker's one-time set-up and these calls (a Transformer layer given a padding mask too) left
+    # PyTorch's compiler and SymPy unimported
     assert lrn.loaded() == []
+
+
+PLAIN_CHECKS = """
+import sys, torch
+layer = torch.nn.TransformerEncoderLayer(8, 2, 16, batch_first=True, dropout=0.0)
+x, mask = torch.randn(2, 3, 8), torch.tensor([[False, False, True], [False, False, False]])
+from autograder.device_check import plain_checks_without_symbolic_shapes
+plain_checks_without_symbolic_shapes()
+plain_checks_without_symbolic_shapes()  # once only: not wrapped twice
+fast = layer(x, src_key_padding_mask=mask)
+print("sympy" in sys.modules, torch._check_with.__wrapped__.__name__)
+for call in (lambda: torch._check(False, lambda: "a false condition"),
+             lambda: layer(x, src_key_padding_mask=mask[:, :2])):
+    try:
+        call()
+    except Exception as exc:
+        print(type(exc).__name__, str(exc)[:60])
+torch._check_with = torch._check_with.__wrapped__
+print(torch.equal(fast, layer(x, src_key_padding_mask=mask)), "sympy" in sys.modules)
+"""
+
+
+def test_pytorchs_checks_on_true_booleans_skip_sympy_and_decide_as_pytorch_does():
+    """`torch._check_with` imports the symbolic-shape module and SymPy on its first call (0.35 CPU s of a
+    check of exercise 08, whose models give Transformer layers a padding mask). With the course's shortcut,
+    as the grader's side runs it, a Transformer layer given a padding mask imports neither, gives PyTorch's
+    own output, and a false condition or a mask of the wrong shape raises PyTorch's own error."""
+    proc = subprocess.run([sys.executable, "-c", PLAIN_CHECKS], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.splitlines() == [
+        "False _check_with",
+        "RuntimeError a false condition",
+        "AssertionError Expected key_padded_mask.shape[1] to be 3, but got 2",
+        "True True",  # the same output with PyTorch's own function, which then imports SymPy
+    ]
 
 
 def test_a_device_checked_call_leaves_the_random_numbers_as_they_were(learner):
