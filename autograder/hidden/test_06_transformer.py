@@ -1411,10 +1411,15 @@ def _greedy_model(learner, reference, rng, B, max_len, *, norm_first=False, sos=
         # An extra bias on eos decides when rows stop: a random one first, then, for the same weights, a
         # bisection that lowers it when every row stops within two steps and raises it when they stop together.
         eos_bias, lo, hi, bias = sd["out.bias"][eos].clone(), -1.0, 4.0, float(torch.rand((), generator=rng)) * 3.0
+        # (The search's own decoding runs in inference mode, and each step of the bisection sets the one bias it
+        # changes instead of loading the whole state dict again: the same numbers, a quarter less time.)
+        ref.load_state_dict(sd)
+        out_bias = ref.get_parameter("out.bias")
         for _ in range(4):
             sd["out.bias"][eos] = _r(eos_bias + bias)
-            ref.load_state_dict(sd)
             with torch.no_grad():
+                out_bias[eos] = sd["out.bias"][eos]
+            with torch.inference_mode():
                 out = reference.greedy_decode(ref, src, max_len, sos, eos, pad)
             if B == 1 or _finishes_unevenly(out, eos):
                 break
@@ -1422,21 +1427,23 @@ def _greedy_model(learner, reference, rng, B, max_len, *, norm_first=False, sos=
             bias = (lo + hi) / 2
         else:
             continue
-        with torch.no_grad():
-            if B > 1:
-                src = _early_row_first(src, out, eos)
+        if B > 1:
+            src = _early_row_first(src, out, eos)
+            with torch.inference_mode():
                 out = reference.greedy_decode(ref, src, max_len, sos, eos, pad)
-                if not _row0_early(out, eos):
-                    continue
-            # Each typical mistake must change the tokens: positions must matter (feeding every token at
-            # position 0 changes them), and so must the cache, the padding after eos (a row that goes on after
-            # its eos could say pad by chance), the source's padding, the step that ends decoding... And each
-            # in its own way, so that the hint names the mistake made, not one that gives the same tokens (nor
-            # the pad everywhere of a decoder that does not decode).
-            if not _all_differ([out, torch.full((B, max_len), pad)],
-                               (lambda k=k: _ref_greedy(reference, ref, src, max_len, sos, eos, pad, k)
-                                for k in (SHOWN if B > 1 else ("offset_zero",)))):
+            if not _row0_early(out, eos):
                 continue
+        # Each typical mistake must change the tokens: positions must matter (feeding every token at
+        # position 0 changes them), and so must the cache, the padding after eos (a row that goes on after
+        # its eos could say pad by chance), the source's padding, the step that ends decoding... And each
+        # in its own way, so that the hint names the mistake made, not one that gives the same tokens (nor
+        # the pad everywhere of a decoder that does not decode).
+        with torch.inference_mode():
+            differ = _all_differ([out, torch.full((B, max_len), pad)],
+                                 (lambda k=k: _ref_greedy(reference, ref, src, max_len, sos, eos, pad, k)
+                                  for k in (SHOWN if B > 1 else ("offset_zero",))))
+        if not differ:
+            continue
         m = _learner_model(learner, reference, rng, ref, sd, norm_first)
         own_tries += 1
         if B == 1:
