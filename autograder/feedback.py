@@ -63,6 +63,17 @@ def bounded_flags(flags, limits: Limits = DEFAULT) -> list[str]:
     return safe_list(flags, limits.flags, limits.path_chars + 200, "more reasons")
 
 
+def hint_groups(checks) -> list[tuple[str, list]]:
+    """The failed checks of `checks` grouped by their hint, in the order each hint first appears: one
+    mistake that fails many checks (a missing 1/sqrt(d_k) fails every check of attention) is said once,
+    under the checks it covers."""
+    groups: dict[str, list] = {}
+    for c in checks:
+        if not c.passed:
+            groups.setdefault(c.hint, []).append(c)
+    return list(groups.items())
+
+
 def _names(names: list[str]) -> str:
     quoted = [f"`{n}`" for n in names]
     return quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " and " + quoted[-1]
@@ -111,13 +122,12 @@ def format_text(result: Result, with_student: bool = False, limits: Limits = DEF
     width = max([len(p) for p in result.parts] + [10])
     for part, s in result.parts.items():
         lines.append(f"  {safe(part, 100):<{width}}  {_num(s['score'])} / {_num(s['max_score'])}")
-        said = ""  # a hint the part's checks repeat (a GPU asked for, say) is said once
-        for c in result.checks:
-            if c.part == part and not c.passed:
+        # a hint the part's checks repeat (a GPU asked for, a missing scale) is said once, under its checks
+        for hint, checks in hint_groups(c for c in result.checks if c.part == part):
+            for c in checks:
                 lines.append(f"      x {c.title} (0 / {_num(c.max_points)})")
-                if not c.missing:  # a missing definition is said once, under "Not checked" (not_checked)
-                    lines.append(f"        hint: {c.hint if c.hint != said else 'the same as above'}")
-                    said = c.hint
+            if hint and not checks[0].missing:  # a missing definition is said once, under "Not checked"
+                lines.append(f"        hint{f' (the {len(checks)} checks above)' if len(checks) > 1 else ''}: {hint}")
     lines.append(f"  {'total':<{width}}  {_num(result.score)} / {_num(result.max_score)}")
     lines += [f"  {line}" for line in not_checked(result, part_titles)]
     if result.status == GRADER_ERROR:
@@ -168,11 +178,17 @@ def feedback_html(result: Result, flags=(), limits: Limits = DEFAULT, grades: di
         shown = (f"{_num(grades[part]['score'])} / {_num(s['max_score'])}<div class='manual'>{e(manual[part])}</div>"
                  if part in manual else f"{_num(s['score'])} / {_num(s['max_score'])}")
         rows.append(f"<tr class='part'><th>{e(safe(part, 100))}</th><th>{shown}</th></tr>")
+        first = {}  # a hint -> the title of the part's first check that gives it: the others point to it
         for c in result.checks:
             if c.part != part:
                 continue
             mark = "&#10003;" if c.passed else ("?" if c.grader_error else "&#10007;")
-            hint = "" if c.passed else f"<div class='hint'>{e(c.hint)}</div>"
+            hint = ""
+            if not c.passed and c.hint in first:
+                hint = f"<div class='hint'>The same hint as &ldquo;{e(first[c.hint])}&rdquo;.</div>"
+            elif not c.passed:
+                first[c.hint] = c.title
+                hint = f"<div class='hint'>{e(c.hint)}</div>"
             rows.append(f"<tr><td>{mark} {e(c.title)}{hint}</td>"
                         f"<td>{_num(c.points)} / {_num(c.max_points)}</td></tr>")
     notes = "".join(f"<li>{e(n)}</li>" for n in result.notes)

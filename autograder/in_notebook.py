@@ -299,8 +299,24 @@ class Plan:
     cells: list
     parts: list | None
     titles: dict
-    first: int = 0  # the execution counts of the first and last entries graded
-    last: int = 0
+    numbers: tuple = ()  # the execution counts of the entries graded, in order
+
+    @property
+    def label(self) -> str:
+        """The cells graded, as the report names them: every one, runs of consecutive counts as
+        ranges ("In [1] to In [4], In [7], In [9] to In [12]"), so that two checks of the same cells
+        name them alike and a gap (an entry left out as rerun, or a test) shows."""
+        runs: list[list[int]] = []
+        for n in sorted(self.numbers):
+            if runs and n == runs[-1][1] + 1:
+                runs[-1][1] = n
+            else:
+                runs.append([n, n])
+        said = [f"In [{a}]" if a == b else f"In [{a}] to In [{b}]" for a, b in runs]
+        if len(said) > 6:
+            said = said[:5] + [f"… {len(said) - 5} more runs"]
+        count = len(self.numbers)
+        return f"this kernel's history ({count} cell{'s' if count != 1 else ''}: {', '.join(said)})"
 
 
 def plan_check(entries, part=None, assignment: str | None = None) -> Plan:
@@ -323,8 +339,7 @@ def plan_check(entries, part=None, assignment: str | None = None) -> Plan:
     if not cells:
         raise CheckRefused(f"This kernel has run none of the code of exercise {ex.key} yet: run its cells "
                            "(Run All, or each cell in order), then check() again.")
-    numbers = [int(c["label"][4:-1]) for c in cells]
-    return Plan(ex.key, cells, parts, ex.titles, min(numbers), max(numbers))
+    return Plan(ex.key, cells, parts, ex.titles, tuple(int(c["label"][4:-1]) for c in cells))
 
 
 # --- grading, in a process of its own --------------------------------------------------------
@@ -343,7 +358,7 @@ def grade_plan(plan: Plan, seed: int, replay: str = "") -> dict:
     root = Path(__file__).resolve().parent.parent
     request = json.dumps({"assignment": plan.key, "cells": plan.cells, "parts": plan.parts, "seed": seed,
                           "titles": plan.titles, "replay": replay,
-                          "label": f"this kernel's history (In [{plan.first}] to In [{plan.last}])"})
+                          "label": plan.label})
     fd, log = tempfile.mkstemp(prefix="attention-course-check-", suffix=".log")
     keep_log = True
     try:

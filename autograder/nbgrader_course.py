@@ -109,12 +109,16 @@ def _checks_text(part: str, result, limits: Limits) -> str:
     s = result.parts.get(part)
     if s is not None:
         lines.append(f"Hidden checks of {safe(part, 100)}: {s['score']:g} / {s['max_score']:g} points")
+    first = {}  # a hint -> the title of the part's first check that gives it: said once, the others point to it
     for c in result.checks:
         if c.part != part:
             continue
         mark = "passed" if c.passed else ("GRADER ERROR" if c.grader_error else "FAILED")
         lines.append(f"  [{mark}] {safe(c.title, limits.hint_chars)} ({c.points:g} / {c.max_points:g})")
-        if not c.passed and c.hint:
+        if not c.passed and c.hint and c.hint in first:
+            lines.append(f"      hint: the same as for \"{first[c.hint]}\" above")
+        elif not c.passed and c.hint:
+            first[c.hint] = safe(c.title, 80)
             lines.append(f"      hint: {safe(c.hint, limits.hint_chars)}")
     if result.status != "graded":
         lines.append(f"Not graded ({safe(result.status, 40)}): {safe(result.error, limits.error_chars)}")

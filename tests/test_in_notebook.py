@@ -141,6 +141,25 @@ def test_the_check_cells_and_visible_tests_are_not_graded():
     assert [c["label"] for c in cells] == ["In [1]", "In [6]"]
 
 
+def test_the_report_names_every_cell_it_graded(tmp_path):
+    """The report's banner names the cells graded, gaps included, so that checking the same cells twice
+    (a second check() after the first) names them alike, and a rerun cell shows where it was taken from."""
+    ref = read_notebook(write(conftest.reference_notebook(KEY), tmp_path / "ref.ipynb"))
+    entries = history(ref)
+    first = N.plan_check(entries, assignment=KEY)
+    again = N.plan_check(entries + [(len(entries) + 1, "from autograder import check; check()"),
+                                    (len(entries) + 2, "check()")], assignment=KEY)
+    assert first.label == again.label and first.label.startswith(f"this kernel's history ({len(first.cells)} cells: ")
+    numbers = [n for n, _ in entries]
+    fixed = entries + [(max(numbers) + 5, first.cells[-1]["source"])]  # the last cell graded, run again later
+    label = N.plan_check(fixed, assignment=KEY).label
+    assert f"In [{max(numbers) + 5}]" in label and label != first.label
+    assert N.Plan(KEY, [], None, {}, (1, 2, 3, 7, 9, 10)).label == (
+        "this kernel's history (6 cells: In [1] to In [3], In [7], In [9] to In [10])")
+    many = N.Plan(KEY, [], None, {}, tuple(range(1, 40, 2))).label
+    assert many.endswith("In [9], … 15 more runs)") and "(20 cells: " in many
+
+
 def test_the_loader_and_check_agree_on_what_runs():
     """Does check() reason about the statements the worker runs and the lines it blanks (autograder/worker.py's
     KEPT and MAGIC_RE; read from its source, since importing it changes sys.path)?"""

@@ -111,6 +111,30 @@ def test_feedback_escapes_markup_in_every_field():
     assert html.escape("<iframe src=//evil>") in page
 
 
+def test_a_hint_many_checks_give_is_said_once_under_them():
+    """One mistake that fails several checks of a part (a missing 1/sqrt(d_k) fails all 13 of attention's)
+    is said once: in the report under the checks it covers, on the feedback page and in formgrader's notebook
+    under the first, the others pointing to it; another hint of the part keeps its own line."""
+    from autograder.nbgrader_course import _checks_text
+
+    same, other = "The scores are not divided by sqrt(d_k).", "The mask is inverted."
+    checks = [CheckResult(f"test_{i}", "sdpa", f"Question {i}?", 0.0, 1.0, False, h)
+              for i, h in enumerate([same, same, other, same])]
+    checks.insert(1, CheckResult("test_ok", "sdpa", "Passed one?", 1.0, 1.0, True, ""))
+    r = Result(assignment=KEY, notebook="x.ipynb", student="alice", status="graded", seed=3, checks=checks,
+               parts={"sdpa": {"score": 1.0, "max_score": 5.0}})
+    text = format_text(r)
+    assert text.count(same) == 1 and text.count(other) == 1
+    lines = text.splitlines()
+    at = lines.index(f"        hint (the 3 checks above): {same}")
+    assert [ln.strip() for ln in lines[at - 3:at]] == [f"x Question {i}? (0 / 1)" for i in (0, 1, 3)]
+    assert lines[at + 2] == f"        hint: {other}" and lines[at + 1].strip() == "x Question 2? (0 / 1)"
+    page = html.unescape(feedback_html(r))
+    assert page.count(same) == 1 and page.count(other) == 1 and page.count("The same hint as “Question 0?”") == 2
+    notebook_text = _checks_text("sdpa", r, DEFAULT)
+    assert notebook_text.count(same) == 1 and notebook_text.count('the same as for "Question 0?" above') == 2
+
+
 def test_log_records_have_no_control_characters_and_cannot_fake_a_record():
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)
