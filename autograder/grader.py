@@ -42,7 +42,7 @@ from .learner_errors import gpu_hint
 from .limits import DEFAULT, Limits
 from .notebook import (NotebookError, ParsedNotebook, audit_cells, cap, code_cells, read_notebook,
                        reference_cells)
-from .runner import (BoundaryError, CallTimeout, GradingError, Learner, LearnerError, MissingName,
+from .runner import (ArgumentChanged, BoundaryError, CallTimeout, GradingError, Learner, LearnerError, MissingName,
                      NotImplementedRemote, Submission, WorkerDied)
 
 log = logging.getLogger("autograder")
@@ -138,6 +138,10 @@ def hint_for(exc: BaseException) -> str:
             return ("Your notebook's code ended the grading process while it was being loaded "
                     "(exit(), os._exit(), or a crash at the top level of a cell).")
         return f"{_who(exc.name)} ended the grading process (exit(), os._exit() or a crash)."
+    if isinstance(exc, ArgumentChanged):
+        return (f"{_who(exc.name)} changed its argument `{exc.argument}` in place: a function must leave what "
+                "its caller passed as it was (the caller may use it again). Work on a copy, or with operations "
+                "that return a new value (`x = x / t`, not `x /= t`; `list(xs) + [pad]`, not `xs.append(pad)`).")
     if isinstance(exc, BoundaryError):
         return f"{_who(exc.name)} returned something the grader cannot accept: {exc}"
     return f"{_who(getattr(exc, 'name', ''))} failed: {exc}"
@@ -414,6 +418,7 @@ class Grader:
     def run_checks(self, sub: Submission, result: Result) -> None:
         faults = []
         replay: dict = {}  # the reference's worker, started at the first crash, for this submission
+        sub.changed = set()  # each function's arguments watched again, once per part (`runner.ArgumentChanged`)
         try:
             self._check_all(sub, result, faults, replay)
         finally:
@@ -432,6 +437,7 @@ class Grader:
             s = check_seed(result.seed, check.name)
             passed, hint, fault, stub, missing = False, "", False, "", ""
             sub.last_returned = None
+            sub.part = check.part
             try:
                 self.call_check(check, sub, s)
                 passed = True

@@ -31,9 +31,11 @@ import numpy as np
 OP_LOAD = "load"            # {"cells": [{"label", "source"}], "seed"} -> {"errors": [...], "notes": [...], "more": N}
 OP_SEED = "seed"            # {"seed"} -> None: seed the worker's random generators
 OP_HAS = "has"              # {"name"} -> bool
-OP_CALL = "call"            # {"target", "args", "kwargs", ["device_check"], ["repeat"]} -> value
+OP_CALL = "call"            # {"target", "args", "kwargs", ["device_check"], ["repeat"], ["unchanged"]} -> value
 # (with "repeat": N, 1 <= N <= MAX_REPEAT, the call is made N times in a row, its arguments decoded anew
-# each time, and the reply is the list of the N values; the first call that raises ends it)
+# each time, and the reply is the list of the N values; the first call that raises ends it. With
+# "unchanged": true, a call that changes its arguments in place is answered KIND_CHANGED, the
+# argument's name as the message)
 OP_GETATTR = "getattr"      # {"target", "attr"} -> value
 OP_WITH_GRAD = "with_grad"  # {"target", "args", "kwargs", "cotangents", "params"} -> {"output", "arg_grads", "param_grads"}
 OPS = (OP_LOAD, OP_SEED, OP_HAS, OP_CALL, OP_GETATTR, OP_WITH_GRAD)
@@ -43,7 +45,8 @@ KIND_LEARNER = "learner"                # the learner's code raised
 KIND_NOT_IMPLEMENTED = "notimplemented"  # ... NotImplementedError: still the stub
 KIND_MISSING = "missing"                # the notebook does not define the name
 KIND_CODEC = "codec"                    # a value could not cross the boundary
-KINDS = (KIND_LEARNER, KIND_NOT_IMPLEMENTED, KIND_MISSING, KIND_CODEC)
+KIND_CHANGED = "changed"                # the call changed one of its arguments in place
+KINDS = (KIND_LEARNER, KIND_NOT_IMPLEMENTED, KIND_MISSING, KIND_CODEC, KIND_CHANGED)
 
 # --- value tags ---------------------------------------------------------------------------
 TAG_FLOAT = "__float__"        # "nan", "inf", "-inf"

@@ -21,6 +21,7 @@ after the notebook's cells were audited, and the submission's time budget starts
 from __future__ import annotations
 
 import os
+import re
 import select
 import subprocess
 import sys
@@ -74,8 +75,22 @@ class WorkerDied(GradingError):
     """The learner's code ended the worker process (exit, os._exit, a crash)."""
 
 
+class ArgumentChanged(GradingError):
+    """The learner's function changed one of the arguments it was given, in place."""
+
+    def __init__(self, name: str, argument: str):
+        super().__init__(name, f"changed its argument {argument}")
+        self.argument = argument
+
+
 class BoundaryError(GradingError):
     """The worker sent something that breaks the protocol, or too much of it."""
+
+
+def _argument_name(text: str) -> str:
+    """An argument's name as the worker reported it, kept to what a parameter's name can be."""
+    text = text[:60]
+    return text if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*|argument \d+", text) else "(one of them)"
 
 
 def _str(x, n: int) -> str:
@@ -122,6 +137,11 @@ class Submission:
         self._next_id = 1
         self.devices_sent: set[str] = set()  # every device a request has sent a tensor or torch.device on
         self.last_returned: tuple | None = None  # (name, value) of the last value the learner's side returned
+        # Whether a call leaves its arguments as they were is asked of each function once per part of the
+        # exercise, until one call changes them (`ArgumentChanged`): the first check of the part that sees
+        # it loses its points, the others judge the rest. The grader sets `part` and clears `changed`.
+        self.part = ""
+        self.changed: set = set()  # (function, part)
         self._tmp = tempfile.TemporaryDirectory(prefix="grade-worker-")
 
     # process management --------------------------------------------------------------
@@ -437,6 +457,9 @@ class Submission:
             raise MissingName(name)
         if kind == P.KIND_CODEC:
             raise BoundaryError(name, message)
+        if kind == P.KIND_CHANGED:
+            self.changed.add((name, self.part))
+            raise ArgumentChanged(name, _argument_name(message))
         raise LearnerError(name, etype, message)
 
     def request(self, req: dict, *, name: str):
@@ -601,6 +624,8 @@ def _call(sub: Submission, target: dict, name: str, args, kwargs, device_check: 
            "kwargs": sub.encode(dict(kwargs))[P.TAG_DICT]}
     if device_check:
         req["device_check"] = True
+    if (name, sub.part) not in sub.changed:
+        req["unchanged"] = True
     if repeat is not None:
         # All the calls share the time limit of one call (Limits.call_seconds): a repeated call is for
         # calls that take a small part of it, such as draws of a sampler. A call that hangs is stopped

@@ -45,6 +45,89 @@ MESSAGE_CHARS = 500
 REPORTED = 100  # load errors and notes sent back, each; the rest are counted
 
 
+# --- arguments a call must leave as they were -------------------------------------------------
+# A function must not change what its caller passed (the rule every exercise states). Before a call
+# that asks for it ("unchanged": true), the worker notes what it can of the arguments cheaply: a
+# tensor's version counter (every in-place operation bumps it), shape, strides and storage; a NumPy
+# array's bytes; a list's or a dict's length and items, recursively; the value of an immutable item.
+# Other objects (the learner's modules, handles) are not looked into. This is a check of honest
+# mistakes, not a boundary: the learner's code runs in this process and could hide a change.
+SNAPSHOT_ITEMS = 100_000  # items looked at per call; beyond them, the rest is not compared
+ARRAY_BYTES = 1 << 24  # a NumPy argument larger than this is not compared
+_SCALARS = (int, float, complex, bool, str, bytes, type(None))
+
+
+def _snapshot(value, budget: list, depth: int = 0):
+    """What can be compared after the call, or None where nothing is."""
+    budget[0] -= 1
+    if budget[0] < 0 or depth > 20:
+        return None
+    t = type(value)
+    if t in _SCALARS:
+        return ("s", value)
+    torch = sys.modules.get("torch")
+    if torch is not None and t in (torch.Tensor, torch.nn.Parameter):
+        try:
+            return ("t", id(value), value._version, tuple(value.shape), value.stride(), value.dtype,
+                    value.device, value.untyped_storage().data_ptr() if value.device.type != "meta" else 0)
+        except Exception:  # noqa: BLE001 - a tensor without strides or storage (sparse, nested)
+            return None
+    np = sys.modules.get("numpy")
+    if np is not None and t is np.ndarray:
+        if value.nbytes > ARRAY_BYTES or value.dtype.hasobject:
+            return None
+        return ("a", id(value), value.shape, value.dtype.str, value.tobytes())
+    if t in (list, tuple):
+        return (t.__name__, id(value), len(value), [_snapshot(v, budget, depth + 1) for v in value])
+    if t is dict:
+        return ("d", id(value), len(value), [(k, _snapshot(v, budget, depth + 1)) for k, v in value.items()])
+    return None
+
+
+def _same(before, value) -> bool:
+    if before is None:
+        return True
+    kind = before[0]
+    if kind == "s":
+        a = before[1]
+        return type(a) is type(value) and (a == value or (a != a and value != value))
+    if kind == "t":
+        now = _snapshot(value, [1])
+        return now is not None and now == before
+    if kind == "a":
+        np = sys.modules["numpy"]
+        return (type(value) is np.ndarray and (id(value), value.shape, value.dtype.str) == before[1:4]
+                and value.tobytes() == before[4])
+    if kind in ("list", "tuple"):
+        return (type(value).__name__ == kind and id(value) == before[1] and len(value) == before[2]
+                and all(_same(b, v) for b, v in zip(before[3], value)))
+    return (type(value) is dict and id(value) == before[1] and len(value) == before[2]
+            and all(k in value and _same(b, value[k]) for k, b in before[3]))
+
+
+def _changed_argument(fn, args, kwargs, snaps) -> str | None:
+    """The name of the first argument the call changed (a parameter's name where the function's
+    signature gives one), or None."""
+    names: list = []
+    try:
+        import inspect
+
+        torch = sys.modules.get("torch")
+        if torch is not None and isinstance(fn, torch.nn.Module):
+            fn = fn.forward  # a module is called through its forward
+        names = [p.name for p in inspect.signature(fn).parameters.values()
+                 if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except Exception:  # noqa: BLE001 - no signature: positions only
+        pass
+    for i, (a, snap) in enumerate(zip(args, snaps[0])):
+        if not _same(snap, a):
+            return names[i] if i < len(names) else f"argument {i + 1}"
+    for k, snap in snaps[1].items():
+        if not _same(snap, kwargs[k]):
+            return str(k)
+    return None
+
+
 def statements(cells: list) -> tuple[list[dict], list[str]]:
     """The statements to run, in notebook order, and notes on what was skipped."""
     out: list[dict] = []
@@ -191,6 +274,9 @@ class Worker:
         for _ in range(1 if repeat is None else repeat):  # as that many calls: arguments decoded anew each time
             args = self.decode({P.TAG_TUPLE: req["args"]})
             kwargs = self.decode({P.TAG_DICT: req["kwargs"]})
+            if req.get("unchanged") is True:
+                budget = [SNAPSHOT_ITEMS]
+                snaps = ([_snapshot(a, budget) for a in args], {k: _snapshot(v, budget) for k, v in kwargs.items()})
             try:
                 if req.get("device_check"):
                     # the CPU stand-ins of random operations draw numbers, which meta tensors do not
@@ -202,6 +288,13 @@ class Worker:
                 raise
             except BaseException as exc:
                 raise _learner_error(exc)
+            if req.get("unchanged") is True:
+                try:
+                    changed = _changed_argument(fn, args, kwargs, snaps)
+                except BaseException as exc:  # a hostile __eq__ of an argument the learner changed
+                    raise _learner_error(exc)
+                if changed is not None:
+                    raise _Reply(P.KIND_CHANGED, "ArgumentChanged", changed)
             values.append(self.enc(result))
         return values[0] if repeat is None else values
 

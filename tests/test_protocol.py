@@ -569,6 +569,7 @@ def test_a_repeated_call_gives_what_as_many_calls_give():
     that answers with another number of values, or a repeat count out of bounds, is refused."""
     with Submission([{"label": "a", "source": REPEAT_CODE}]) as sub:
         learner = Learner(sub)
+        sub.changed.add(("draw", ""))  # not asked whether draw leaves its argument as it was (it does not)
         logits = torch.tensor([0.1, 0.5, -0.3, 0.2, 0.0, 0.4])
         repeated = learner.draw.repeat(200, logits, generator=learner.generator(7))
         g = learner.generator(7)
@@ -592,3 +593,97 @@ def test_a_repeated_call_gives_what_as_many_calls_give():
                 learner.count.repeat(3)
         sub.request = real
         assert learner.count.repeat(3) == [(400, 3)] * 3
+
+
+CHANGES_CODE = """
+import numpy as np
+import torch
+
+def scale_(x, t):
+    x /= t  # the caller's tensor
+    return x
+
+def fill(x):
+    x[0] = -1.0  # the caller's array
+    return x.sum()
+
+def pad(batch, pad_id=0):
+    width = max(len(s) for s in batch)
+    for s in batch:
+        s.extend([pad_id] * (width - len(s)))  # the caller's lists
+    return batch
+
+def remember(cache, value):
+    cache.append(value)  # the caller's cache list
+    return len(cache)
+
+def rename(d):
+    d["b"] = d.pop("a")
+    return d
+
+def view_then_add(x):
+    y = x.view(-1)
+    y.add_(1)  # through a view: the same storage, the caller's tensor
+    return y
+
+def fine(x, xs, d, *, k=2):
+    y = x.clone()
+    y /= k
+    ys = list(xs) + [0]
+    return y, ys, dict(d, c=1)
+
+def same_values(xs):
+    xs[0] = xs[0] + 0  # an equal int: nothing changed
+    return xs
+
+class Model(torch.nn.Module):
+    def forward(self, ids, caches=None):
+        if caches is not None:
+            caches.append(ids.sum())  # the caller's cache list
+        return ids
+"""
+
+
+def test_a_call_that_changes_its_arguments_fails_once_per_part():
+    """A function that changes what its caller passed (a tensor divided in place, an array written into,
+    lists padded, a cache list filled, a dict's keys, a view's storage) fails with ArgumentChanged naming the
+    argument, and its hint says to work on a copy; a function that copies first, or writes an equal value, does
+    not. The question is asked once per function and part: after a change, the part's later calls run unasked."""
+    from autograder.grader import hint_for
+    from autograder.runner import ArgumentChanged
+
+    with Submission([{"label": "a", "source": CHANGES_CODE}]) as sub:
+        learner = Learner(sub)
+        x, a = torch.tensor([2.0, 4.0]), np.array([1.0, 2.0])
+        cases = [("scale_", (x, 2.0), "x"), ("fill", (a,), "x"), ("pad", ([[1], [2, 3]],), "batch"),
+                 ("remember", ([1, 2], 3), "cache"), ("rename", ({"a": 1},), "d"),
+                 ("view_then_add", (torch.zeros(2, 2),), "x")]
+        for part in ("p1", "p2"):
+            sub.part = part
+            for name, args, argument in cases:
+                with pytest.raises(ArgumentChanged) as info:
+                    getattr(learner, name)(*args)
+                assert info.value.argument == argument
+                assert f"`{name}` changed its argument `{argument}` in place" in hint_for(info.value)
+                assert "copy" in hint_for(info.value)
+            assert learner.pad([[1], [2, 3]]) == [[1, 0], [2, 3]]  # asked once a part: now judged on its value
+            model = learner.Model()  # a module's call is named by its forward's parameters
+            assert torch.equal(model(torch.ones(2)), torch.ones(2))
+            with pytest.raises(ArgumentChanged, match="caches"):
+                model(torch.ones(2), [])
+        assert learner.fill(a) == 1.0
+        sub.part = "p1"
+        y, ys, d = learner.fine(x, [1, 2], {"a": 1}, k=4)
+        assert torch.equal(y, x / 4) and ys == [1, 2, 0] and d == {"a": 1, "c": 1}
+        assert learner.same_values([5, 6]) == [5, 6]
+        assert learner.fine.repeat(3, x, [1], {}) is not None
+        # a worker may claim any call changed anything: the name it sends is kept to an identifier's
+        for message, shown in (("batch", "batch"), ("argument 3", "argument 3"), ("<b>x</b>\nINFO", "(one of them)"),
+                               ("a" * 500, "a" * 60)):
+            with pytest.raises(ArgumentChanged) as info:
+                sub._check_reply({"id": 9, "ok": False, "kind": P.KIND_CHANGED, "type": "", "message": message}, 9, "g")
+            assert info.value.argument == shown and ("g", "p1") in sub.changed
+        for call in (lambda: learner.scale_.repeat(3, x, 2.0), lambda: learner.scale_(x=x, t=2.0)):
+            sub.changed.clear()  # as the grader does for each submission
+            with pytest.raises(ArgumentChanged, match="argument x"):
+                call()
