@@ -292,32 +292,40 @@ def solutions_module(assignment: Assignment, master: nbformat.NotebookNode | Non
 
 def outputs(assignment: Assignment) -> dict[Path, str]:
     """Every generated file of one assignment and its expected text."""
+    from .spec_table import outputs as spec_tables
+
     master = read_master(assignment)
     return {
         assignment.notebook: learner_notebook(assignment, master),
         assignment.solutions: solutions_module(assignment, master),
+        **spec_tables(assignment.key),
     }
 
 
 def generate(assignments: list[Assignment] | None = None, check: bool = False) -> list[str]:
     """Write (or, with check, compare) every generated file; returns the problems found."""
+    from .spec_table import INSTRUCTIONS, spec_file
+    from .spec_table import outputs as spec_tables
+
+    files = [(path, text, a.master) for a in assignments or all_assignments() for path, text in outputs(a).items()]
+    if not assignments:  # the shared instructions' table, with every exercise
+        files += [(path, text, spec_file(INSTRUCTIONS)) for path, text in spec_tables(INSTRUCTIONS).items()]
     problems = []
-    for assignment in assignments or all_assignments():
-        for path, text in outputs(assignment).items():
-            current = path.read_text(encoding="utf-8") if path.exists() else None
-            if current == text:
-                continue
-            if check:
-                diff = difflib.unified_diff(
-                    (current or "").splitlines(), text.splitlines(),
-                    f"{_rel(path)} (committed)", f"{_rel(path)} (from master)", lineterm="", n=1,
-                )
-                excerpt = "\n".join(list(diff)[:30])
-                problems.append(f"{_rel(path)} is stale: regenerate it from {_rel(assignment.master)}\n{excerpt}")
-            else:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(text, encoding="utf-8")
-                problems.append(f"wrote {_rel(path)}")
+    for path, text, source in files:
+        current = path.read_text(encoding="utf-8") if path.exists() else None
+        if current == text:
+            continue
+        if check:
+            diff = difflib.unified_diff(
+                (current or "").splitlines(), text.splitlines(),
+                f"{_rel(path)} (committed)", f"{_rel(path)} (from master)", lineterm="", n=1,
+            )
+            excerpt = "\n".join(list(diff)[:30])
+            problems.append(f"{_rel(path)} is stale: regenerate it from {_rel(source)}\n{excerpt}")
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+            problems.append(f"wrote {_rel(path)}")
     return problems
 
 

@@ -306,3 +306,17 @@ def test_visible_tests_pass_on_the_reference_and_fail_on_the_stub(assignment):
     learner = nbformat.read(str(assignment.notebook), as_version=4)
     with pytest.raises(CellExecutionError, match="NotImplementedError"):
         _execute(learner)
+
+
+@pytest.mark.parametrize("assignment", ASSIGNMENTS, ids=KEYS)
+def test_every_visible_assert_says_what_it_expected(assignment):
+    """Does every assert of the notebook's own test cells carry a message, so that a failing visible test says
+    in one line what it expected instead of a bare AssertionError?"""
+    bare = []
+    for cell in read_master(assignment).cells:
+        if cell.cell_type != "code" or not is_grade(cell) or is_solution(cell):
+            continue
+        for node in ast.walk(ast.parse(cell.source)):
+            if isinstance(node, ast.Assert) and node.msg is None:
+                bare.append(f"{cell.metadata['nbgrader']['grade_id']}, line {node.lineno}")
+    assert not bare, f"asserts without a message in {assignment.key}: {bare}"

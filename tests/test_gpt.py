@@ -155,3 +155,46 @@ def test_exercise_09s_checks_make_transformers_state_dict_and_logits_without_it(
         assert ours.dtype == torch.float64 and ours.shape == theirs64.shape == (2, n, V)
         assert torch.allclose(ours, theirs64, rtol=1e-9, atol=1e-9), seed
         assert torch.allclose(ours.float(), theirs32, rtol=5e-6, atol=5e-6), seed
+
+
+def test_exercise_09s_sampling_cases_show_their_mistake_under_every_seed():
+    """The logits exercise 09's sampling checks build for the order of the steps keep their promises, for many
+    seeds: top-p before top-k keeps more tokens than the exercise's order while top_k +- 1 keeps the same ones;
+    filtering before the temperature keeps more than the argmax, which the exercise's order, top-p's unsorted or
+    dropping mistakes keep alone; every kept token likely enough to show in the check's draws."""
+    from autograder.hidden import test_09_gpt as hidden
+
+    for seed in range(100):
+        rng = torch.Generator().manual_seed(seed)
+        z, settings = hidden._order_case(rng, 150)
+        right, wrong = hidden._probs(z, **settings), hidden._probs(z, **settings, order="pk")
+        assert hidden._support(right) < hidden._support(wrong), seed
+        for shift in (1, -1):
+            assert hidden._support(hidden._probs(z, **settings, k_shift=shift)) == hidden._support(right), seed
+        assert all(x == 0 or x >= 0.2 for q in (right, wrong) for x in q.tolist()), seed
+        z, settings = hidden._temperature_first_case(rng)
+        assert hidden._support(hidden._probs(z, **settings)) == {0}, seed
+        for mistake in ({"p_sorted": False}, {"p_rule": "drop"}):
+            assert hidden._support(hidden._probs(z, **settings, **mistake)) <= {0}, seed
+        first = hidden._probs(z, **settings, filters_first=True)
+        assert float(first[0]) <= 0.8 and all(x == 0 or x >= 0.2 for x in first.tolist()), seed
+
+
+def test_exercise_09s_recorder_notes_every_call_however_it_is_made():
+    """The forward pre-hook exercise 09's generation checks make in the learner's process notes each call of the
+    model, ids and caches given by position or by name, with the model's mode and the gradient mode, and changes
+    nothing of the call."""
+    import builtins
+
+    from autograder.hidden import test_09_gpt as hidden
+
+    hook, read = eval(hidden.RECORDER, {"__builtins__": builtins})
+    model = torch.nn.Embedding(10, 4)
+    model.register_forward_pre_hook(hook, with_kwargs=True)
+    ids = torch.zeros(2, 3, dtype=torch.long)
+    with torch.no_grad():
+        plain = model(ids)
+        model(input=ids[:, :1])
+    model.eval()
+    assert torch.equal(model(ids), plain)
+    assert read() == [(True, False, [(2, 3)]), (True, False, [(2, 1)]), (False, True, [(2, 3)])]

@@ -867,6 +867,8 @@ def test_predict_position_range_and_gradients(learner, reference, rng):
 
 # --- Part 7: local attention weights (4 points) -------------------------------------------
 
+HALF_UP_HINT = ("A p halfway between two positions rounds up here: round as torch.round does, halves to the even "
+                "integer (2.5 gives 2, 3.5 gives 4), not floor(p + 0.5).")
 EDGE_HINT = ("Rows whose window reaches an end of the sequence are wrong: the window must be cut short at "
              "positions 0 and S - 1 (a slice with a negative start wraps around).")
 LOCAL_GENERIC = ("The weights differ from softmax over the window of the scores, times exp(-(j - p)^2 / "
@@ -879,7 +881,7 @@ def _local(scores, p, D, mask=None, *, sigma=None, gauss_at="p", window_at="roun
     s, p = _cpu64(scores, p)
     T = s.shape[-1]
     pos = torch.arange(T, dtype=F64)
-    centre = torch.round(p) if window_at == "round" else p
+    centre = {"round": torch.round(p), "half_up": torch.floor(p + 0.5), "p": p}[window_at]
     window = (pos - centre.unsqueeze(-1)).abs() <= D + extra
     real = torch.ones_like(window) if mask is None else mask.cpu()
     window = window & real
@@ -914,6 +916,7 @@ def _local_mistakes(scores, p, D, mask):
          "round(p)).", v(gauss_at="round")),
         ("The window is centred on the real-valued p: it is the positions j with |j - round(p)| <= D "
          "(torch.round).", v(window_at="p")),
+        (HALF_UP_HINT, v(window_at="half_up")),
         ("The window is one position too wide on each side: it holds the 2D + 1 positions with "
          "|j - round(p)| <= D.", v(extra=1)),
         ("The window is one position too narrow on each side: |j - round(p)| <= D includes both ends, "
@@ -1008,14 +1011,22 @@ def _window_problem(w, window, inside, mask):
     return None
 
 
+# Centres exactly halfway between two positions: torch.round takes the even one (2.5 -> 2, 5.5 -> 6,
+# 0.5 -> 0, 8.5 -> 8), floor(p + 0.5) the upper one, a window one position off in rows 0, 2 and 4.
+HALVES = (2.5, 5.5, 0.5, 7.5, 8.5)
+
+
 @points(1, part="local_attention_weights")
 def test_local_attention_window(learner, reference, rng):
-    """Are the weights right, 0 outside the window and at padding, positive inside it, and at most 1 in sum?"""
+    """Are the weights right, 0 outside the window (p at halves rounded to even) and at padding, positive inside?"""
     B, T, D = 5, 11, 2
     scores, p = _randn(rng, B, T), _positions(rng, B, T, D)
     mask = _local_mask(rng, p, T)
     window = (torch.arange(T) - torch.round(p).unsqueeze(-1)).abs() <= D
-    for m in (None, mask):
+    halves = torch.tensor(HALVES)
+    cases = ((p, None, window), (p, mask, window),
+             (halves, None, (torch.arange(T) - torch.round(halves).unsqueeze(-1)).abs() <= D))
+    for p, m, window in cases:
         w = _result(_call(learner.local_attention_weights, scores, p, D, **({} if m is None else {"mask": m})),
                     LOCAL, (B, T), F32, "cpu", "its weights (B, S)")
         problem = _window_problem(w, window, window if m is None else window & m, m)

@@ -189,15 +189,27 @@ def test_attention_numpy_mask(learner, reference, rng):
                "`attention_numpy`: weights where the mask is False must be exactly 0.")
 
 
+NUMPY_OVERFLOW = ("`attention_numpy` overflows on large scores (inf or NaN): compute the weights with your stable "
+                  "softmax, which subtracts each row's maximum before exp.")
+
+
 @points(1, part="attention_numpy")
 def test_attention_numpy_rows_sum_to_one(learner, reference, rng):
-    """Do the weights of every query sum to 1 over the keys (and are they the right ones)?"""
+    """Do the weights of every query sum to 1 over the keys, for scores near 1000 too (and are they right)?"""
     q, k, v = _qkv(rng, (3,), 5, 4, 6, 2, torch.float64)
     expected = _expected(reference, q, k, v, numpy=True)
     got = _validated("attention_numpy", _call(learner, "attention_numpy", q, k, v, numpy=True), expected,
                      q.dtype, numpy=True)
     expect(np.allclose(got[1].sum(-1), 1.0) and np.all(got[1] >= 0),
            "`attention_numpy`: each query's weights over the keys (last axis) must be positive and sum to 1.")
+    _judge("attention_numpy", got, expected, _mistakes(reference, q, k, v, None))
+    # Every score about 1000 (exp overflows past 709 in float64), a few units apart: weights far from one-hot.
+    q, k, v = _qkv(rng, (2,), 4, 6, 16, 3, torch.float64)
+    q[..., 0] = k[..., 0] = math.sqrt(4000.0)
+    expected = _expected(reference, q, k, v, numpy=True)
+    got = _validated("attention_numpy", _call(learner, "attention_numpy", q, k, v, numpy=True), expected,
+                     q.dtype, numpy=True)
+    expect(np.all(np.isfinite(got[0])) and np.all(np.isfinite(got[1])), NUMPY_OVERFLOW)
     _judge("attention_numpy", got, expected, _mistakes(reference, q, k, v, None))
 
 

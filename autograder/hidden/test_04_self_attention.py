@@ -542,6 +542,8 @@ ROPE_POSITIONS_DEVICE = ("`apply_rope` would fail on a GPU when `positions` come
                          "move the positions to x's device before computing the angles.")
 HALF_ANGLES = ("In float16 or bfloat16 the result is wrong: compute the angles (and the rotation) in float32, "
                "then cast the result back to x's dtype.")
+F64_ANGLES = ("For a float64 x, the rotation is only as precise as float32: compute the angles (and the rotation) "
+              "in float64 when x is float64 (float32 angles are off by 1e-5 and more at positions in the thousands).")
 
 
 def _rope64(x, positions=None, base=10000.0, *, expo="2i", sign=1.0, pairs="interleaved", swap=False):
@@ -636,17 +638,29 @@ def test_rope_relative_positions_and_norms(learner, reference, rng):
                "both positions by the same amount must not change it.")
     g = _randn(rng, len(pos), d, dtype=F64)
     res = learner_grads(learner, ROPE, q.expand(len(pos), d).clone(), pos, cotangents=(g,), what=ROPE)
-    # RoPE is a rotation, so its gradient is the same rotation backwards.
-    expect_grads(res.arg_grads[:1], [_rope64(g, -pos)], ["x"],
+    # RoPE is a rotation, so its gradient is the same rotation backwards. (Compared at float32's tolerance, as
+    # the values are: whether float64 angles are float64 is test_rope_dtypes_and_devices's question.)
+    expect_grads(res.arg_grads[:1], [_rope64(g, -pos).float()], ["x"],
                  hint="The rotation is right but its gradient is not: is part of it computed outside autograd?")
 
 
 @points(1, part="apply_rope")
 def test_rope_dtypes_and_devices(learner, reference, rng, devices):
-    """Does it keep float16 and bfloat16 (angles in float32, even thousands of positions far), on any device?"""
+    """Are the angles float32 for float16 and bfloat16 and float64 for float64, thousands of positions far, on any
+    device?"""
     for dtype in HALF:
         _check_rope(learner, _randn(rng, 2, 4, 8, dtype=dtype))
         _check_rope(learner, _randn(rng, 3, 8, dtype=dtype), torch.tensor([1000, 2047, 3001]))
+    # float64 at float64's tolerance: fixed vectors of ones, where float32 angles (rounded by up to 1e-4
+    # radians at these positions) miss by far more than that tolerance, whatever the seed.
+    far, ones = torch.tensor([1000, 2047, 3001, 4999]), torch.ones(4, 16, dtype=F64)
+    with _gpu_hint(ROPE):
+        r = tensor(_rope_call(learner, ones, far), ROPE, shape=ones.shape, dtype=F64, what="the rotated tensor")
+    exact = _rope64(ones, far)
+    if not close(r, exact):
+        expect(not close(r, exact, rtol=0.0, atol=5e-3), F64_ANGLES)
+        _check_rope(learner, ones, far)  # another mistake, named there
+        raise Hint(ROPE_GENERIC)
     for device in devices:
         x = _randn(rng, 2, 3, 8, dtype=F64, device=device)
         _check_rope(learner, x, device=device)

@@ -10,7 +10,10 @@ learner's own layers, and greedy decoding (part 7) against the learner's own mod
 part earns its points for what it does itself. Never where that would pay for doing
 nothing: own parts that return their input or zeros, and own layers whose skipping changes
 nothing, are no yardstick, and a decoder is judged only on a model whose rows finish at
-different steps, row 0 before the last, where each typical mistake changes the tokens.
+different steps, row 0 before the last, where each typical mistake changes the tokens. A decoder
+right there is then run on the same model with eos made certain, then impossible: whether it
+stops as soon as every row is finished, and takes max_len steps when none is, shows on every
+seed (`_check_stopping`).
 """
 
 from __future__ import annotations
@@ -144,8 +147,8 @@ GR_NO_CACHE = ("`greedy_decode_cached` does not pass the caches of the previous 
                "token must attend to the keys and values of all the earlier ones.")
 GR_FIRST_CACHE = ("`greedy_decode_cached` passes the first step's caches at every step: pass back the caches that "
                   "the previous step returned, which hold the keys and values of every earlier token.")
-GR_NO_SRC_MASK = ("`{}` ignores the source's padding: build src_mask = make_src_mask(src, pad) and pass it to "
-                  "encode and decode.")
+GR_NO_SRC_MASK = ("`{}` ignores the source's padding: build src_mask = make_src_mask(src, pad), with the pad it is "
+                  "given (the source is padded with pad, not always 0), and pass it to encode and decode.")
 GR_UNJUDGED = ("`{}` cannot be judged yet: with your Transformer (part 6) the rows do not finish at different "
                "steps as they do with the reference's, so a decoder that ignores the model could not be told from "
                "a right one. Fix your Transformer first.")
@@ -1406,8 +1409,11 @@ def _greedy_model(learner, reference, rng, B, max_len, *, norm_first=False, sos=
         sd = _state(rng, ref)
         for n in ("src_embed.weight", "tgt_embed.weight"):
             sd[n] = _r(_randn(rng, 9, 16, scale=0.6 / math.sqrt(16)))
-        # Real tokens are never sos or eos (nor pad): the source's padding is where it holds pad.
-        src = _padded_tokens(rng, B, _randint(rng, 3, 6), pad=pad, lo=0, avoid=(sos, eos))
+        # Real tokens are never sos or eos (nor pad): the source's padding is where it holds pad. With a pad other
+        # than 0 they are never 0 either: a mask built with the padding id 0 (not pad) is then no mask at all,
+        # which every model chosen here shows ("no_src_mask").
+        avoid = (sos, eos) + ((PAD,) if pad != PAD else ())
+        src = _padded_tokens(rng, B, _randint(rng, 3, 6), pad=pad, lo=0, avoid=avoid)
         # An extra bias on eos decides when rows stop: a random one first, then, for the same weights, a
         # bisection that lowers it when every row stops within two steps and raises it when they stop together.
         eos_bias, lo, hi, bias = sd["out.bias"][eos].clone(), -1.0, 4.0, float(torch.rand((), generator=rng)) * 3.0
@@ -1526,6 +1532,35 @@ def _check_greedy(learner, m, src, max_len, name, **special):
                         GR_GENERIC.format(name) if shaped else GR_TYPE.format(name), same=torch.equal))
 
 
+def _check_stopping(learner, m, src, max_len, name, **special):
+    """The decoder, right on the model `m`, on the same model with the bias of eos moved far up, then far down
+    (and sos's too): every row then finishes at the first step, where decoding must stop (one column of eos),
+    and then no row ever finishes, where it must take exactly max_len steps. Whether the weights make rows
+    finish early or late no longer decides whether a decoder that never stops early, or takes one step too few
+    or too many, is seen. Only the length is judged here (the tokens were, on `m`), so nothing is decoded here:
+    where the learner's own model is not ruled by such a bias (its first tokens are not all eos, or eos comes
+    although it is made impossible), there is no verdict."""
+    sd, eos, sos = m.sd, special.get("eos", EOS), special.get("sos", SOS)
+    B = src.shape[0]
+    for shift, ids in ((1e3, [eos]), (-1e3, [eos, sos])):  # (no row says sos: the sos column is told apart)
+        bias = sd["out.bias"].clone()
+        bias[ids] += shift
+        m.mod.load_state_dict(dict(sd, **{"out.bias": bias}))
+        got = _run(m, f"`{name}`", lambda: getattr(learner, name)(m.mod, src, max_len, **special))
+        expect(isinstance(got, torch.Tensor) and got.dtype == torch.long, GR_TYPE.format(name))
+        tensor(got, name, dtype=torch.long, what="its tokens")
+        expect(got.dim() == 2 and got.shape[0] == B and got.shape[1] >= 1, GR_TYPE.format(name))
+        L = got.shape[1]
+        expect(not (bool((got[:, 0] == sos).all()) and L == (2 if shift > 0 else max_len + 1)),
+               GR_WITH_SOS.format(name))
+        if shift > 0:
+            if bool((got[:, 0] == eos).all()):  # (else the learner's own model is not ruled by the bias)
+                expect(L == 1, GR_NO_STOP.format(name))
+        elif not bool((got == eos).any()):
+            expect(L == max_len, GR_STEPS.format(name))
+    m.mod.load_state_dict(sd)
+
+
 def _check_greedy_on_devices(learner, reference, rng, devices, name):
     """The decoder, right on the CPU, run with its model and source on every other device: the same tokens, on
     that device. Tokens, flags or masks created on the CPU fail there at any step; on the meta device
@@ -1560,6 +1595,8 @@ def test_greedy_decode_matches_reference(learner, reference, rng, devices):
     for B, max_len, norm_first in ((5, 7, False), (1, 4, True)):
         m, src = _greedy_model(learner, reference, rng, B, max_len, norm_first=norm_first)
         _check_greedy(learner, m, src, max_len, "greedy_decode")
+        if B > 1:
+            _check_stopping(learner, m, src, max_len, "greedy_decode")
     _check_greedy_on_devices(learner, reference, rng, devices, "greedy_decode")
     _greedy_on_meta(learner, m, src, "greedy_decode")
 
@@ -1570,6 +1607,8 @@ def test_greedy_decode_cached_equals_recomputation(learner, reference, rng, devi
     for B, max_len, norm_first in ((6, 8, True), (1, 5, False)):
         m, src = _greedy_model(learner, reference, rng, B, max_len, norm_first=norm_first)
         _check_greedy(learner, m, src, max_len, "greedy_decode_cached")
+        if B > 1:
+            _check_stopping(learner, m, src, max_len, "greedy_decode_cached")
     _check_greedy_on_devices(learner, reference, rng, devices, "greedy_decode_cached")
     _greedy_on_meta(learner, m, src, "greedy_decode_cached")
 
@@ -1581,3 +1620,4 @@ def test_greedy_decode_honours_sos_eos_pad(learner, reference, rng):
     m, src = _greedy_model(learner, reference, rng, 4, 6, **special)
     for name in ("greedy_decode", "greedy_decode_cached"):
         _check_greedy(learner, m, src, 6, name, **special)
+        _check_stopping(learner, m, src, 6, name, **special)

@@ -26,9 +26,10 @@ so a naive but correct function keeps its value points and loses only these, and
 tiled function with a rescaling bug loses only the value points.
 
 Causal tiled attention must skip the key blocks above the diagonal; that saves time, not
-memory, and nothing the trusted side can read without timing the learner's code shows it,
-so only its values are checked (a block processed too early or too late shows in them
-when it is not masked).
+memory, and its values do not show it (a block processed too early or too late shows in them
+only when it is not masked). What shows it without timing the learner's code: NaN values in
+the last key block, which a skipped block never reads, reach the earlier query blocks as
+0 * NaN = NaN when the block is read and masked (`test_tiled_attention_causal_skips_future_blocks`).
 """
 
 from __future__ import annotations
@@ -129,6 +130,9 @@ T_MEMORY_OUT = ("`tiled_attention` ran out of memory for 16384 queries and keys 
 T_UNMEASURED_CHECK = ("The memory of `tiled_attention` cannot be measured on this machine, so this self-check "
                       "does not count these points; the grader measures it when it grades.")
 T_UNMEASURED = "The grader cannot measure memory on this machine."
+T_NO_SKIP = ("Causal `tiled_attention` reads the key blocks that lie wholly above the diagonal (masked, or "
+             "with every query at once): skip every key block that starts after the query block's last query. "
+             "Values there must not reach the earlier queries at all (a NaN value does, as 0 * NaN).")
 T_MEMORY_WRONG = ("`tiled_attention`'s memory is judged only when its result is attention: it is neither right "
                   "nor a recognisable rescaling or scaling mistake on a long input. Fix the value checks first.")
 
@@ -141,6 +145,10 @@ W_TRANSPOSED = ("`sliding_window_mask` is transposed: rows are queries, columns 
                 "the keys before it (j <= i).")
 W_CAUSAL_IGNORED = "`sliding_window_mask` ignores causal: causal=True (the default) keeps only 0 <= i - j < window."
 W_ALWAYS_CAUSAL = "`sliding_window_mask` is causal even when causal=False: then |i - j| < window."
+W_NO_ERROR = ("`sliding_window_mask` must raise a ValueError when window < 1: such a window leaves a query "
+              "nothing to attend to.")
+W_OTHER_ERROR = ("`sliding_window_mask` must raise a ValueError itself when window < 1 (check the window first), "
+                 "not a {}.")
 W_DEVICE = ("`sliding_window_mask` does not create its mask on the device it is given: pass device= to the "
             "tensors it builds (torch.arange(size, device=device)).")
 
@@ -431,7 +439,22 @@ def test_tiled_attention_dtypes_and_devices(learner, reference, rng, devices):
     expect_device_agnostic(learner, TILED, q, k, v, block_size=4)
 
 
-@points(3, part="tiled_attention")
+@points(1, part="tiled_attention")
+def test_tiled_attention_causal_skips_future_blocks(learner, reference, rng):
+    """With causal=True, does it skip the key blocks above the diagonal, never reading their values?"""
+    bs, L = 4, 14  # key blocks start at 0, 4, 8 and 12: the queries 0 ... 11 never need the last one
+    q, k, v = _qkv(rng, (2,), L, L, 8, 5)
+    _check_tiled(learner, q, k, v, bs, causal=True)  # right on these values first
+    last = (L - 1) // bs * bs
+    expected = _exact(q, k, v, True)[..., :last, :]  # the queries before the last key block, which they never see
+    v[..., last:, :] = math.nan
+    got = tensor(learner.tiled_attention(q, k, v, block_size=bs, causal=True), TILED, shape=(2, L, 5), dtype=F32)
+    early = got[..., :last, :]
+    expect(_finite(early), T_NO_SKIP)
+    expect(close(early, expected.float()), T_GENERIC)
+
+
+@points(2, part="tiled_attention")
 def test_tiled_attention_memory(learner, reference, rng):
     """Does tiled_attention never hold the whole Lq x Lk score matrix (its peak memory, measured by the grader)?"""
     q, k, v = _qkv(rng, (1,), MEM_L, MEM_L, MEM_D, MEM_D)
@@ -443,8 +466,9 @@ def test_tiled_attention_memory(learner, reference, rng):
             raise Hint(T_MEMORY_OUT.format(f"{exc.etype}: {exc.message}"[:200])) from None
         raise
     got = tensor(use.output, TILED, shape=(1, MEM_L, MEM_D), dtype=F32)
-    # Whole-matrix attention here would take 1 GiB and seconds; the reference's tiles need neither.
-    expected = reference.tiled_attention(q, k, v, block_size=MEM_BLOCK)
+    # Whole-matrix attention here would take 1 GiB and seconds. PyTorch's own attention (its CPU kernel
+    # works in blocks, as the reference does) gives the exact result in a third of the reference's time.
+    expected = F.scaled_dot_product_attention(q[None], k[None], v[None])[0]  # (B, H, L, d): its fused kernel
     if not close(got, expected.to(F32)):
         blocks = [lambda: _tiled(q, k, v, MEM_BLOCK, rescale_out=False),
                   lambda: _tiled(q, k, v, MEM_BLOCK, rescale_sum=False),
@@ -487,7 +511,7 @@ def _check_window(learner, size, window, causal, device="cpu", default_causal=Fa
                         same=close))
 
 
-@points(2, part="sliding_window_mask")
+@points(1.5, part="sliding_window_mask")
 def test_sliding_window_mask_matches_definition(learner, reference, rng):
     """Is the mask True exactly where 0 <= i - j < window (causal, the default) or |i - j| < window?"""
     for _ in range(2):
@@ -500,6 +524,20 @@ def test_sliding_window_mask_matches_definition(learner, reference, rng):
     _check_window(learner, 6, 1, False)
     _check_window(learner, 5, 9, True)  # a window longer than the sequence: the causal mask
     _check_window(learner, 5, 9, False)
+
+
+@points(0.5, part="sliding_window_mask")
+def test_sliding_window_mask_refuses_empty_window(learner, reference, rng):
+    """Does a window below 1 raise a ValueError (and is a window of 1 the diagonal)?"""
+    _check_window(learner, 6, 1, True)  # a function that builds masks first
+    _check_window(learner, 6, 1, False)
+    for window in (0, -2):
+        try:
+            learner.sliding_window_mask(6, window, True)
+        except LearnerError as exc:
+            expect(exc.etype == "ValueError", W_OTHER_ERROR.format(exc.etype))
+            continue
+        raise Hint(W_NO_ERROR)
 
 
 @points(1, part="sliding_window_mask")

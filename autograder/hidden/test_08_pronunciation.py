@@ -4,11 +4,13 @@ with length normalisation.
 
 Parts 1 to 3 are plain Python: their results are compared exactly with the reference (the edit
 distance with rapidfuzz's Levenshtein distance, an independent oracle) on fresh random symbols,
-words and lengths, and a wrong result is explained by the typical mistake it matches, computed
-here. `bucket_batches` is judged by its properties, not by the reference's order: a partition
-into full batches but one, batches that are runs of the length-sorted order, a shuffled batch
-order, and the same batches for the same generator seed. Its generator, like part 4's
-optimizers, is built in the learner's process from the notebook's own `torch`.
+words and lengths, plus fixed pairs of swapped neighbours (which a distance with transpositions
+counts as one edit), and a wrong result is explained by the typical mistake it matches, computed
+here. `bucket_batches` is judged by its properties, not by the reference's order (the spec fixes
+no draw order): a partition into full batches but one, batches that are runs of the
+length-sorted order, a shuffled batch order, the same batches for the same generator seed, and
+words of one length grouped otherwise by other seeds (shuffled before the sort). Its generator,
+like part 4's optimizers, is built in the learner's process from the notebook's own `torch`.
 
 Parts 4 and 5 run the learner's code on the locked TinyTransformer holding weights drawn here
 (float32 numbers kept in float64, so that both sides hold exactly the same model), and compare
@@ -27,7 +29,7 @@ import math
 import numpy as np
 import torch
 import torch.nn.functional as F
-from rapidfuzz.distance import Levenshtein
+from rapidfuzz.distance import OSA, DamerauLevenshtein, Levenshtein
 
 from autograder.hidden.support import (Hint, close, describe, diagnose, expect, expect_device_agnostic,
                                        learner_module, method, odd_tensor, points, tensor)
@@ -98,6 +100,9 @@ BK_NOT_REPRODUCIBLE = ("`bucket_batches` gives other batches for two generators 
                        "the global random state.")
 BK_IGNORES_SEED = ("`bucket_batches` gives the same batches whatever the generator's seed: shuffle the indices "
                    "and the batches with `generator`.")
+BK_NOT_SHUFFLED_FIRST = ("`bucket_batches` puts the words of one length in the same batches whatever the generator: "
+                         "shuffle the indices with `generator` BEFORE the stable sort by length, so that words of "
+                         "equal length are grouped differently each time.")
 
 ED_TYPE = "`edit_distance` must return a Python int (the number of edits), not {}."
 ED_INIT = ("`edit_distance` starts from the wrong first row or column: D[i][0] = i and D[0][j] = j (turning "
@@ -113,6 +118,9 @@ ED_SIMILARITY = ("`edit_distance` counts the matching symbols (a similarity), no
 ED_GENERIC = ("`edit_distance` differs from the Levenshtein distance: D[i][0] = i, D[0][j] = j, and D[i][j] the "
               "minimum of a deletion, an insertion and a substitution (cost 0 for equal symbols).")
 ED_NOT_SYMMETRIC = "`edit_distance(a, b)` differs from `edit_distance(b, a)`: the distance is symmetric."
+ED_TRANSPOSITION = ("`edit_distance` counts swapping two neighbouring symbols as one edit (the Damerau distance): "
+                    "the Levenshtein distance knows insertions, deletions and substitutions only, so a swap "
+                    "costs two edits.")
 
 ER_TYPE = "`error_rates` must return a pair of floats (per, wer)."
 ER_OWN_DISTANCE = ("`error_rates` is wrong because your `edit_distance` is: it gives other distances than the "
@@ -156,7 +164,8 @@ TS_LOSS_GENERIC = ("The loss differs from the cross-entropy of model(src, tgt_in
                    "ignore_index=PAD and the given label smoothing, tgt_in being tgt shifted right after SOS.")
 TS_NO_CLIP = ("The gradients are not clipped before the step: call torch.nn.utils.clip_grad_norm_(model."
               "parameters(), clip) after backward() and before optimizer.step().")
-TS_CLIP_VALUE = ("The gradients are clipped value by value: clip their TOTAL norm, "
+TS_CLIP_VALUE = ("The gradients are clipped entry by entry (clip_grad_value_ or a clamp), not by their global "
+                 "norm: scale them so that their TOTAL norm is at most clip, "
                  "torch.nn.utils.clip_grad_norm_(model.parameters(), clip).")
 TS_FIXED_CLIP = "The gradients are clipped to a fixed norm: use the `clip` argument."
 TS_NO_UPDATE = ("The parameters do not change: call backward(), then optimizer.step(), and clear the gradients "
@@ -392,7 +401,7 @@ def _same_pair(a, b):
     return close(a[0], b[0]) and close(a[1], b[1])
 
 
-@points(1.5, part="pad_batch")
+@points(1, part="pad_batch")
 def test_pad_batch_matches_reference(learner, reference, rng):
     """Does pad_batch give (B, L) long ids padded with `pad` and a bool mask True at the real symbols?"""
     for B, pad in ((4, None), (1, None), (5, 9), (3, 2)):
@@ -491,6 +500,23 @@ def test_bucket_batches_follows_the_generator(learner, reference, rng):
     expect(any(o != first for o in others), BK_IGNORES_SEED)
 
 
+@points(0.5, part="pad_batch")
+def test_bucket_batches_shuffles_before_sorting(learner, reference, rng):
+    """Are the indices shuffled before the sort, so that other generators put words of one length in other batches?"""
+    # Two lengths, twelve words each, at random places: without the shuffle, the sort keeps the words of one length
+    # in index order and cuts them into the same batches whatever the generator (only the batches' order changes).
+    # With it, three seeds giving one grouping has a chance of about 1e-15; the draw order itself is not fixed.
+    short_len, long_len = _sample(rng, list(range(1, 10)), 2)
+    lengths = _shuffled(rng, [short_len] * 12 + [long_len] * 12)
+    seed = _randint(rng, 0, 10**6)
+    groupings = []
+    for k in range(3):
+        batches = _bucket(learner, lengths, 4, seed + k)
+        expect(_no_overlap(batches, lengths), BK_MIXED)
+        groupings.append({frozenset(b) for b in batches})
+    expect(groupings[1] != groupings[0] or groupings[2] != groupings[0], BK_NOT_SHUFFLED_FIRST)
+
+
 # --- Part 3: the edit distance and the error rates (4 points) ---------------------------------
 
 def _dp(a, b, *, row0=lambda j: j, col0=lambda i: i, sub=1, ins=True, dele=True, short=(0, 0)):
@@ -527,15 +553,24 @@ def _distance_mistakes(pairs):
     return ([(ED_INIT, f) for f in inits]
             + [(ED_SUB_TWO, each(sub=2)), (ED_NO_INSERT, each(ins=False)), (ED_NO_DELETE, each(dele=False))]
             + [(ED_SHORT, each(short=s)) for s in ((1, 0), (0, 1), (1, 1))]
-            + [(ED_SIMILARITY, lambda: [_lcs(a, b) for a, b in pairs])])
+            + [(ED_SIMILARITY, lambda: [_lcs(a, b) for a, b in pairs])]
+            + [(ED_TRANSPOSITION, lambda d=d: [d.distance(a, b) for a, b in pairs])
+               for d in (OSA, DamerauLevenshtein)])
 
 
 def _seq(rng, alphabet, lo, hi):
     return [_pick(rng, alphabet) for _ in range(_randint(rng, lo, hi))]
 
 
+# Pairs of neighbours swapped (the random pairs seldom hold one): Levenshtein counts a swap as two edits, a distance
+# with transpositions (restricted, OSA, or not) as one, under every seed; in the last pair the two differ.
+SWAPS = [("ab", "ba"), (["K", "AE", "T"], ["AE", "K", "T"]), (["S", "T", "AA", "P"], ["S", "AA", "T", "P"]),
+         ("abcd", "badc"), ("ca", "abc")]
+
+
 def _distance_pairs(rng):
-    """Pairs of phoneme lists and of strings, similar enough that matches, insertions and deletions all happen."""
+    """Pairs of phoneme lists and of strings, similar enough that matches, insertions and deletions all happen,
+    then the swaps."""
     pairs = []
     for _ in range(10):
         alphabet = _sample(rng, PHONEMES, _randint(rng, 3, 5))
@@ -553,7 +588,7 @@ def _distance_pairs(rng):
     for _ in range(4):
         pairs.append(("".join(_seq(rng, "abcd", 0, 9)), "".join(_seq(rng, "abcd", 0, 9))))
     pairs += [([], _seq(rng, PHONEMES, 1, 4)), (_seq(rng, PHONEMES, 1, 4), []), ("kitten", "sitting")]
-    return pairs
+    return pairs + SWAPS
 
 
 def _as_int(d):
@@ -681,6 +716,9 @@ def _rate_data(rng, *, ties=False):
             hyps.append(hyp)
             refs.append(alts)
         else:
+            if any(DamerauLevenshtein.distance(h, r) != Levenshtein.distance(h, r)
+                   for h, alternatives in zip(hyps, refs) for r in alternatives):
+                continue  # a swap of neighbours: an edit distance with transpositions is graded by its own check
             per, wer = _per(hyps, refs), _wer(hyps, refs)
             wrong = [v for _, v in (_per_mistakes(hyps, refs)[-2:] if ties else _per_mistakes(hyps, refs)[:-2])]
             wrong_wer = [] if ties else [v for _, v in _wer_mistakes(hyps, refs)]
@@ -738,20 +776,25 @@ def _tiny_args(V_src, V_tgt):
     return (V_src, V_tgt), {"d_model": D_MODEL, "n_heads": 2, "d_ff": 2 * D_MODEL, "max_len": MAX_POS}
 
 
-def _tiny(reference, rng, V_src, V_tgt, *, out_scale=1.0, eos_bias=0.0):
-    """The reference's TinyTransformer with weights drawn from `rng` (float32 numbers), in float64."""
+def _tiny(reference, rng, V_src, V_tgt, *, out_scale=1.0, eos_bias=0.0, reuse=None):
+    """The reference's TinyTransformer with weights drawn from `rng` (float32 numbers), in float64. `reuse`, such a
+    model of the same sizes that nothing holds any more, gets the new weights in place: building a model costs more
+    than drawing its weights, and the searches for a model worth checking draw dozens."""
     args, kwargs = _tiny_args(V_src, V_tgt)
-    m = reference.TinyTransformer(*args, **kwargs)
+    m = reuse if reuse is not None else reference.TinyTransformer(*args, **kwargs).double().eval()
     with torch.no_grad():
         for name, p in m.named_parameters():
             noise = torch.randn(p.shape, generator=rng, dtype=F64)
             if "norm" in name:
-                p.copy_((1.0 if name.endswith("weight") else 0.0) + 0.1 * noise)
+                value = ((1.0 if name.endswith("weight") else 0.0) + 0.1 * noise).float()
             else:
-                p.copy_(noise / math.sqrt(p.shape[-1] if p.dim() > 1 else D_MODEL))
-        m.out.weight.mul_(out_scale)
-        m.out.bias[EOS] += eos_bias
-    return m.double().eval()
+                value = (noise / math.sqrt(p.shape[-1] if p.dim() > 1 else D_MODEL)).float()
+            if name == "out.weight":
+                value.mul_(out_scale)  # in float32, then kept exactly in float64
+            elif name == "out.bias":
+                value[EOS] += eos_bias
+            p.copy_(value)
+    return m
 
 
 def _learner_tiny(learner, ref, V_src, V_tgt, device="cpu"):
@@ -877,12 +920,14 @@ class _TrainCase:
                          _padded(rng, B, 1, _randint(rng, 3, 5), self.V_tgt, eos=True)) for _ in range(n_batches)]
         self.device = device
 
-    def grad_norm(self, ls):
-        """The total norm of the gradients of the first batch's loss."""
+    def grad_sizes(self, ls):
+        """The total norm and the largest absolute entry of the gradients of the first batch's loss."""
         model = copy.deepcopy(self.ref).train()
         src, tgt = self.batches[0]
         _loss_here(model, src, tgt, ls).backward()
-        return float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters()])))
+        grads = [p.grad for p in model.parameters()]
+        return (float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))),
+                max(float(g.abs().max()) for g in grads))
 
     def learner_optimizer(self, h, opt):
         name, kwargs = opt
@@ -916,8 +961,9 @@ class _TrainCase:
                   for src, tgt in batches or self.batches]
         return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
 
-    def judge(self, got, opt, ls, clip, mistakes, batches=None, loss_only=False):
-        """The learner's (losses, state_dict) must be the reference's; name the mistake otherwise."""
+    def judge(self, got, opt, ls, clip, mistakes, batches=None, loss_only=False, atol=None):
+        """The learner's (losses, state_dict) must be the reference's (the parameters to `atol`, by default the
+        float64 tolerance); name the mistake otherwise."""
         losses, sd = got
         values = [_loss_value(x) for x in losses]
         for x, v in zip(losses, values):
@@ -927,9 +973,10 @@ class _TrainCase:
         if not _same_losses(values, expected[0], 1e-7):
             raise Hint(diagnose(values, [(h, lambda t=t: t()[0]) for h, t in table], TS_LOSS_GENERIC,
                                 same=lambda a, b: _same_losses(a, b, 1e-6)))
-        if not (loss_only or _same_state(sd, expected[1])):
+        same_state = lambda a, b: _same_state(a, b, atol)  # noqa: E731
+        if not (loss_only or same_state(sd, expected[1])):
             raise Hint(diagnose(sd, [(h, lambda t=t: t()[1]) for h, t in table], TS_UPDATE_GENERIC,
-                                same=_same_state))
+                                same=same_state))
 
 
 def _loss_value(x):
@@ -947,8 +994,8 @@ def _same_losses(a, b, tol):
     return len(a) == len(b) and all(abs(x - y) <= tol * (1 + abs(y)) for x, y in zip(a, b))
 
 
-def _same_state(a, b):
-    return all(close(a[k], b[k]) for k in b)
+def _same_state(a, b, atol=None):
+    return all(close(a[k], b[k], atol=atol) for k in b)
 
 
 SGD, ADAM = ("SGD", {"lr": 0.5}), ("Adam", {"lr": 0.01})
@@ -968,12 +1015,17 @@ def test_train_step_returns_the_loss(learner, reference, rng):
 @points(1, part="train_step")
 def test_train_step_sgd_step_with_clipping(learner, reference, rng):
     """After one SGD step, with gradients larger than `clip`, are the parameters the reference's?"""
+    # A clip far below the 1.0 of a clip that ignores its argument, and below both the total norm and the largest
+    # entries of the gradients, so that clipping by norm, by value (entry by entry), and not at all all differ.
     for _ in range(100):
         case = _TrainCase(learner, reference, rng, out_scale=4.0)
-        clip = round(case.grad_norm(0.1) * 0.3, 3)
-        if clip > 1.5:  # far from the 1.0 of a clip that ignores its argument
+        clip = round(0.3 + 0.3 * float(torch.rand((), generator=rng)), 3)
+        norm, largest = case.grad_sizes(0.1)
+        if norm > 3 * clip and largest > 2 * clip:
             break
-    case.judge(case.run(SGD, 0.1, clip), SGD, 0.1, clip, LOSS_MISTAKES + STEP_MISTAKES)
+    # clip_grad_norm_ scales by clip / (norm + 1e-6): a norm clipped by hand, clip / norm, moves the parameters by a
+    # few 1e-9 more, past the float64 tolerance; the mistakes move them by 1e-3 or more.
+    case.judge(case.run(SGD, 0.1, clip), SGD, 0.1, clip, LOSS_MISTAKES + STEP_MISTAKES, atol=1e-6)
 
 
 @points(1, part="train_step")
@@ -1117,6 +1169,8 @@ BEAM_HINTS = (("all", BM_TOO_MANY), ("unsorted", BM_UNSORTED), ("none", BM_NO_NO
               ("sos", BM_NORM_PLUS_SOS), ("carry", BM_CARRY_NORM),
               ("compete", BM_COMPETE), ("refill", BM_REFILL), ("drop_max", BM_DROP_MAX), ("no_prune", BM_NO_PRUNE),
               ("last", BM_LAST_ONLY), ("raw", BM_RAW))
+# The mistakes of the length that normalises: where one is shown, no mistake named before it gives its result.
+LENGTH_MISTAKES = ("none", "no_eos", "sos", "carry")
 # The beam-policy mistakes that the table's rows make: each check shows them on every model it draws, or on none.
 POLICIES = ("all", "unsorted")
 
@@ -1131,11 +1185,13 @@ class _BeamCase:
 
     def __init__(self, reference, rng, beam_size, max_len, alpha, *, shows=(), hides=(), greedy_ends=None):
         self.beam_size, self.max_len, self.alpha = beam_size, max_len, alpha
+        models = {}  # V_tgt -> the model of a draw turned down, to be drawn anew
         for _ in range(300):
             self.V_src, self.V_tgt = 9, _randint(rng, 6, 8)
             out_scale = 1.0 + float(torch.rand((), generator=rng))
             eos_bias = 0.5 + 2.0 * float(torch.rand((), generator=rng))  # outputs that end at different steps
-            self.ref = _tiny(reference, rng, self.V_src, self.V_tgt, out_scale=out_scale, eos_bias=eos_bias)
+            self.ref = models[self.V_tgt] = _tiny(reference, rng, self.V_src, self.V_tgt, out_scale=out_scale,
+                                                  eos_bias=eos_bias, reuse=models.get(self.V_tgt))
             self.src = torch.randint(4, self.V_src, (_randint(rng, 2, 5),), generator=rng)
             if self._worth_it(reference, shows, hides, greedy_ends):
                 return
@@ -1148,16 +1204,29 @@ class _BeamCase:
         if min(gaps, default=1.0) < 1e-6:
             return False  # a near-tie: the result must not hang on rounding
         if greedy_ends is not None:
+            # With alpha > 0, a greedy output that ends with EOS has 3 tokens or more: its score divided by its
+            # length without EOS then differs from its plain log-probability, and each mistake gets its own hint.
             greedy = self.search.greedy(self.max_len)
-            if len(greedy) < 2 or (greedy[-1] == EOS) != greedy_ends:
+            if len(greedy) < 2 + (greedy_ends and self.alpha > 0) or (greedy[-1] == EOS) != greedy_ends:
                 return False
+        results = {}
         for name in set(shows) | set(hides):
             if name == "none_tokens":
                 differs = [t for t, _ in self.variant(**BEAM_VARIANTS["none"])] != [t for t, _ in right]
             else:
-                differs = not _same_hyps(self.variant(**BEAM_VARIANTS[name]), right, 1e-6)
+                results[name] = self.variant(**BEAM_VARIANTS[name])
+                differs = not _same_hyps(results[name], right, 1e-6)
             if differs != (name in shows):
                 return False
+        # Each length mistake shown must not give the result of a mistake named before it, whose hint it would get.
+        for k, (name, hint) in enumerate(BEAM_HINTS):
+            if name in shows and name in LENGTH_MISTAKES:
+                for before, other in BEAM_HINTS[:k]:
+                    if other != hint:
+                        if before not in results:
+                            results[before] = self.variant(**BEAM_VARIANTS[before])
+                        if _same_hyps(results[before], results[name], 1e-6):
+                            return False
         with torch.no_grad():
             self.expected = [(tuple(t), s) for t, s in reference.beam_search(self.ref, self.src, self.beam_size,
                                                                              self.max_len, self.alpha)]

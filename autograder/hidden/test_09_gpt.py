@@ -28,14 +28,22 @@ Part 4 calls `sample` many times with a generator made in the learner's process 
 draws by their distribution: the support (nothing outside the top-k or the nucleus), and the
 frequencies within a Bernstein bound whose false alarm probability is below 1e-12 per token. The
 logits are chosen (tried here first) so that each typical mistake's distribution lies outside the
-bound of the right one by more than its own bound: a verdict never depends on the seed.
+bound of the right one by more than its own bound: a verdict never depends on the seed. Where a rule shows
+only on special logits, they are built or searched for here: logits tied with the k-th largest, equally likely
+tokens for top-p's tie order (powers of two: every partial sum exact in float32), logits on which top-p before
+top-k, or the filters before the temperature, keep other tokens (away from any rounding boundary), each case
+chosen so that the mistakes other checks judge keep the right tokens there.
 
 Part 5 runs `generate` on the learner's model holding drawn weights, in float64, and compares it
 with greedy recomputation of the whole prefix by the same model, and, when sampling, with the
 learner's own `sample` fed the recomputed logits and a generator seeded alike: generation is
 judged apart from the model and the sampler, whose own checks are parts 2 and 4. Only a model
 whose caches disagree with the whole sequence fails every generation check, with a hint that
-says so, whatever tokens it happens to give (a verdict that does not hang on an argmax).
+says so, whatever tokens it happens to give (a verdict that does not hang on an argmax). What generate feeds
+the model is noted in the learner's process by a forward pre-hook on the model (`RECORDER`, made there from
+source: a function cannot cross): its mode and the gradient mode at each call, and the shapes of the ids, however
+the call is written. So generating in training mode fails whatever dropout drew, the whole prefix fed at each step
+fails though its tokens are right, and a model given in training mode may come back in either mode.
 """
 
 from __future__ import annotations
@@ -57,6 +65,8 @@ SPLIT = re.compile(rb" ?[A-Za-z]+| ?[0-9]+| ?[^\sA-Za-z0-9]+|\s+(?!\S)|\s+")
 
 TORCH_GONE = ("The notebook's `torch` is not PyTorch any more (the checks build generators from it): do not "
               "rebind the name torch.")
+CALLS_GONE = ("The checks could not note the calls of your model in the notebook's process: do not rebind torch, "
+              "nor Python's own builtins.")
 
 TB_TYPE = "`train_bpe` must return a list of merges, each a pair (a, b) of int ids."
 TB_LARGEST = ("`train_bpe` breaks ties by the LARGEST pair: among pairs with the same count, pick the smallest "
@@ -87,6 +97,9 @@ TB_RUNS_ON = ("`train_bpe` goes on when no chunk holds a pair any more: stop the
               "vocab_size - 256).")
 TB_PREFIX = ("`train_bpe(data, 256 + n)` must be the first n merges of a longer training: make exactly "
              "vocab_size - 256 merges, as long as there are pairs.")
+MP_TYPE = "`merge_pair` must return the new list of ids, a list of int."
+MP_GENERIC = ("`merge_pair(ids, pair, new_id)` must replace every occurrence of the pair in ids by new_id, left to "
+              "right without overlap, and keep every other id in its place.")
 TB_BAD_MERGE = ("`train_bpe` returns an invalid merge: each merge's ids must exist before it (below 256 + its "
                 "index), and no pair is merged twice.")
 
@@ -137,8 +150,22 @@ NO_SCALE = "The scores are not divided by sqrt(d / H), the width of one head."
 SCALE_D = "The scores are divided by sqrt(d_model): divide by sqrt(d / H), the width of one head."
 QKV_ORDER = ("The queries, keys and values are taken from qkv's output in another order: q, k, v in that order "
              "(qkv(x).split(d, dim=-1)).")
-HEADS_SPLIT = ("The heads are split wrongly: view (B, T, H, d / H), then transpose to (B, H, T, d / H); merge them "
-               "back the same way.")
+HEADS_SPLIT = ("The heads are split and merged without the transposes: view the queries, keys and values as (B, T, "
+               "H, d / H), then transpose(1, 2) to (B, H, T, d / H); merge the output back with transpose(1, 2) "
+               "before the reshape to (B, T, d).")
+HEADS_SPLIT_ONLY = ("The heads are split without the transpose: view the queries, keys and values as (B, T, H, d / H), "
+                    "then transpose(1, 2) to (B, H, T, d / H); a view or reshape straight to (B, H, T, d / H) mixes "
+                    "the tokens.")
+HEADS_MERGE_ONLY = ("The heads are merged back without the transpose: transpose the attention's output (B, H, T, "
+                    "d / H) to (B, T, H, d / H) (transpose(1, 2)) before the reshape to (B, T, d).")
+DROP_ATTN = ("The attention's dropout is not on the attention weights: in training mode, self.drop acts on "
+             "softmax(scores) before the product with the values, and nowhere else in CausalSelfAttention.")
+DROP_BLOCK = ("`GPTBlock`'s dropout is not on both residual branches: in training mode, x = x + drop(attn(ln1(x))), "
+              "then x = x + drop(mlp(ln2(x))); nothing else of the block is dropped.")
+DROP_GPT = ("`GPT`'s dropout is not on the sum of the embeddings: in training mode, x = drop(tok(ids) + "
+            "pos(positions)) before the blocks, and the blocks drop their own branches.")
+LN_EPS = ("The LayerNorms use another eps than GPT-2's: nn.LayerNorm(d) keeps PyTorch's default, eps = 1e-5, "
+          "as GPT-2 does.")
 NO_LN_F = "The final LayerNorm ln_f is missing before the head."
 NO_POS = "The positions are missing: add self.pos(positions) to the token embeddings."
 POS_NOT_OFFSET = ("The positions do not continue after the cache: tokens fed with T_past cached ones are at "
@@ -191,6 +218,9 @@ SA_COLD = ("At a temperature close to 0, `sample` must almost always draw the ar
 SA_AFTER_SOFTMAX = ("The temperature has no effect or the wrong one: divide the LOGITS by it before the softmax "
                     "(dividing the probabilities after the softmax changes nothing once they are renormalised).")
 SA_TIMES = "The logits are multiplied by the temperature: divide them by it."
+SA_NEGATIVE = "`sample` must raise a ValueError for a negative temperature."
+SA_FILTERS_FIRST = ("`sample` applies top_k or top_p before the temperature: divide the logits by the temperature "
+                    "FIRST, then filter (the nucleus of top_p depends on the temperature).")
 SA_NOT_SEEDED = ("`sample` does not draw from `generator`: two generators seeded alike must give the same draws "
                  "(torch.multinomial(probs, 1, generator=generator)).")
 SA_IGNORES_SEED = "`sample` gives the same draws whatever the generator's seed: draw with `generator`."
@@ -199,6 +229,10 @@ SA_K_MINUS = "`sample` keeps only top_k - 1 tokens: keep the top_k largest logit
 SA_K_PLUS = "`sample` keeps top_k + 1 tokens: keep exactly the top_k largest logits."
 SA_K_SMALLEST = "`sample` keeps the top_k SMALLEST logits: keep the largest ones."
 SA_K_ONE = "`sample` with top_k=1 must always draw the largest logit's token (k = 1 is a valid top_k)."
+SA_K_TIES = ("`sample` drops logits tied with the k-th largest: keep every logit equal to the k-th largest too "
+             "(set to -inf only the logits BELOW it), not exactly k indices.")
+SA_K_BELOW_ONE = ("`sample` must raise a ValueError for top_k < 1 (top_k=0 included): only top_k=None disables "
+                  "top-k.")
 SA_K_ALL = ("`sample` fails when top_k >= V: then every token is kept (torch.topk needs k <= V, so skip the "
             "filter).")
 SA_OUTSIDE_P = "`sample` draws a token outside the nucleus: keep only the smallest prefix reaching top_p."
@@ -209,17 +243,28 @@ SA_P_UNSORTED = ("`sample` takes the cumulative probabilities in id order: sort 
 SA_P_EXACT = ("`sample` keeps more than the smallest prefix reaching top_p: with four equally likely tokens and "
               "top_p = 0.5 only the first two (lowest ids first, a stable sort) are kept; keep a token while the "
               "mass BEFORE it is below top_p.")
+SA_P_TIE_ORDER = ("`sample` keeps the wrong tokens among equally likely ones: on ties, the lower id comes first in "
+                  "the decreasing order (a stable sort: torch.sort(probs, descending=True, stable=True)).")
+SA_P_BEFORE_K = ("`sample` applies top_p before top_k: top_p acts on the probabilities that top_k left, "
+                 "renormalised (temperature, then top_k, then top_p).")
 SA_P_TOP = "`sample` must always keep the most probable token, even when top_p is below its probability."
 SA_FREQ = ("The draws of `sample` do not follow the kept tokens' renormalised probabilities: softmax of "
            "logits / temperature, filtered by top_k, then top_p, renormalised, one torch.multinomial draw.")
 
 GE_PROMPT = "The result of `generate` must start with the prompts themselves, unchanged."
-GE_MODEL_CACHE = ("`generate` goes wrong because your GPT gives other logits with the caches than without them "
-                  "(part 2: positions and the mask must continue after the cache): fix the model first.")
+GE_MODEL_CACHE = ("`generate` goes wrong because your GPT gives other logits fed token by token with its caches than "
+                  "on the whole sequence at once: fix the model first (part 2's checks name the mistake).")
 GE_SAMPLE = ("`generate` goes wrong because your `sample` with temperature=0 is not the argmax: fix sample "
              "first (part 4).")
-GE_TRAIN_MODE = ("`generate` leaves the model in training mode (dropout on): call model.eval() before "
-                 "generating.")
+GE_TRAIN_MODE = ("`generate` runs the model in training mode (dropout on): call model.eval() before generating "
+                 "(afterwards, leaving it in eval mode or restoring the caller's mode are both fine).")
+GE_MODE_AFTER = ("`generate` puts a model that was in eval mode into training mode: afterwards, leave it in eval "
+                 "mode or restore the mode it had (was = model.training, ..., model.train(was)).")
+GE_PREFIX = ("`generate` feeds the model more positions than the prompts and the new tokens: feed the prompts "
+             "once, then only each new token, (B, 1), with the caches the model returned (one position a step, "
+             "not the whole prefix).")
+GE_GRAD = ("`generate` runs the model with gradients on: generate inside torch.no_grad() (or "
+           "torch.inference_mode()).")
 GE_GREEDY = ("`generate` at temperature 0 differs from greedy decoding recomputed on the whole prefix at each "
              "step: feed the prompts once, then each new token at the next position with the caches.")
 GE_ROWS = ("`generate` draws the rows in another order: at each step draw row 0's token first, then row 1's, "
@@ -394,9 +439,27 @@ def test_train_bpe_matches_reference(learner, reference, rng):
         _judge_train(learner, reference, data, vocab_size)
 
 
+def _merge_pair_cases(rng):
+    """(ids, pair, new_id) cases of merge_pair: runs of one id (overlapping pairs), a pair at either end, next to
+    its own second id, absent, and an empty list."""
+    a, b, c = (int(i) for i in torch.randperm(256, generator=rng)[:3])
+    new = 256 + _randint(rng, 0, 40)
+    return [([a, a, a], (a, a), new), ([b, a, a, a, a], (a, a), new), ([a, b, c, a, b], (a, b), new),
+            ([c, a, b, b, a, b], (a, b), new), ([a, c, b], (a, b), new), ([a], (a, a), new), ([], (a, b), new)]
+
+
 @points(1, part="train_bpe")
 def test_train_bpe_ties_and_overlapping_pairs(learner, reference, rng):
-    """On short texts where the tie rule and overlapping pairs decide, are the merges the reference's?"""
+    """Does merge_pair replace left to right without overlap, and on short texts where the tie rule and
+    overlapping pairs decide, are the merges the reference's?"""
+    cases = _merge_pair_cases(rng)
+    got = [learner.merge_pair(list(ids), pair, new) for ids, pair, new in cases]
+    for (ids, pair, new), g in zip(cases, got):
+        g = _ids(g, MP_TYPE)
+        if g != _merge(ids, pair, new):
+            raise Hint(diagnose(g, [(TB_SKIP_ONE, _merge(ids, pair, new, "skip1")),
+                                    (TB_RIGHT_TO_LEFT, _merge(ids, pair, new, "right"))], MP_GENERIC,
+                                same=lambda x, y: x == y))
     for shows in (("largest", "first"), ("overlap", "skip1", "right"), ("largest", "first", "overlap")):
         letters = "".join(_pick(rng, "abcxyz") for _ in range(3))
         vocab_size = 256 + _randint(rng, 4, 8)
@@ -559,8 +622,8 @@ def test_decode_replaces_invalid_utf8(learner, reference, rng):
 
 # --- Part 2: the model (6 points) ------------------------------------------------------------
 
-def _ln(x, sd, p):
-    return F.layer_norm(x, x.shape[-1:], sd[p + "weight"], sd[p + "bias"], 1e-5)
+def _ln(x, sd, p, eps=1e-5):
+    return F.layer_norm(x, x.shape[-1:], sd[p + "weight"], sd[p + "bias"], eps)
 
 
 def _linear(x, sd, p):
@@ -568,11 +631,12 @@ def _linear(x, sd, p):
 
 
 def _attention(x, sd, p, H, cache=None, *, mask="causal", scale="head", order=(0, 1, 2), heads="right"):
-    """CausalSelfAttention written out, or with one typical mistake; -> (y, (k, v))."""
+    """CausalSelfAttention written out, or with one typical mistake; -> (y, (k, v)). `heads`: "right", or the
+    heads split ("split"), merged ("merge") or both ("wrong") by a reshape without the transpose."""
     B, T, d = x.shape
     parts = _linear(x, sd, p + "qkv.").split(d, dim=-1)
     q, k, v = (parts[i] for i in order)
-    if heads == "right":
+    if heads in ("right", "merge"):
         q, k, v = (t.reshape(B, T, H, d // H).transpose(1, 2) for t in (q, k, v))
     else:
         q, k, v = (t.reshape(B, H, T, d // H) for t in (q, k, v))
@@ -584,12 +648,12 @@ def _attention(x, sd, p, H, cache=None, *, mask="causal", scale="head", order=(0
         allowed = torch.ones(T, S, dtype=torch.bool).tril(diagonal=S - T if mask == "causal" else 0)
         s = s.masked_fill(~allowed, float("-inf"))
     y = s.softmax(-1) @ v
-    y = y.transpose(1, 2).reshape(B, T, d) if heads == "right" else y.reshape(B, T, d)
+    y = y.transpose(1, 2).reshape(B, T, d) if heads in ("right", "split") else y.reshape(B, T, d)
     return _linear(y, sd, p + "proj."), (k, v)
 
 
-def _block(x, sd, p, H, cache=None, *, post_ln=False, act="tanh", **attn):
-    """GPTBlock written out, or with one typical mistake; -> (x, cache)."""
+def _block(x, sd, p, H, cache=None, *, post_ln=False, act="tanh", eps=1e-5, **attn):
+    """GPTBlock written out, or with one typical mistake (`eps`: its LayerNorms'); -> (x, cache)."""
     def mlp(h):
         h = _linear(h, sd, p + "mlp.fc.")
         h = {"tanh": lambda: F.gelu(h, approximate="tanh"), "exact": lambda: F.gelu(h),
@@ -598,11 +662,11 @@ def _block(x, sd, p, H, cache=None, *, post_ln=False, act="tanh", **attn):
 
     if post_ln:
         a, cache = _attention(x, sd, p + "attn.", H, cache, **attn)
-        x = _ln(x + a, sd, p + "ln1.")
-        return _ln(x + mlp(x), sd, p + "ln2."), cache
-    a, cache = _attention(_ln(x, sd, p + "ln1."), sd, p + "attn.", H, cache, **attn)
+        x = _ln(x + a, sd, p + "ln1.", eps)
+        return _ln(x + mlp(x), sd, p + "ln2.", eps), cache
+    a, cache = _attention(_ln(x, sd, p + "ln1.", eps), sd, p + "attn.", H, cache, **attn)
     x = x + a
-    return x + mlp(_ln(x, sd, p + "ln2.")), cache
+    return x + mlp(_ln(x, sd, p + "ln2.", eps)), cache
 
 
 def _gpt(sd, ids, H, L, caches=None, *, positions="offset", ln_f=True, **block):
@@ -618,7 +682,7 @@ def _gpt(sd, ids, H, L, caches=None, *, positions="offset", ln_f=True, **block):
         x, c = _block(x, sd, f"blocks.{i}.", H, caches[i] if caches else None, **block)
         new.append(c)
     if ln_f:
-        x = _ln(x, sd, "ln_f.")
+        x = _ln(x, sd, "ln_f.", block.get("eps", 1e-5))
     return x @ sd["head.weight"].T, new
 
 
@@ -627,7 +691,8 @@ BLOCK_VARIANTS = (({"post_ln": True}, POST_LN), ({"act": "exact"}, GELU_EXACT), 
                   ({"scale": "none"}, NO_SCALE), ({"scale": "model"}, SCALE_D),
                   ({"order": (1, 0, 2)}, QKV_ORDER), ({"order": (0, 2, 1)}, QKV_ORDER),
                   ({"order": (2, 1, 0)}, QKV_ORDER),
-                  ({"heads": "wrong"}, HEADS_SPLIT))
+                  ({"heads": "wrong"}, HEADS_SPLIT), ({"heads": "split"}, HEADS_SPLIT_ONLY),
+                  ({"heads": "merge"}, HEADS_MERGE_ONLY), ({"eps": 1e-6}, LN_EPS), ({"eps": 1e-12}, LN_EPS))
 GPT_VARIANTS = BLOCK_VARIANTS + (({"positions": "none"}, NO_POS), ({"positions": "zero"}, POS_NOT_OFFSET),
                                  ({"ln_f": False}, NO_LN_F))
 
@@ -725,9 +790,22 @@ def test_gpt_initialisation_is_gpt2s(learner, reference, rng):
             expect(False, MD_INIT_STD.format(n + ".weight"))
 
 
+def _dropped(learner, name, ref, x, *args):
+    """The learner's `name(*args)` holding `ref`'s weights, in training mode, on x: (output, the reference's output
+    in training mode). Every dropout of these modules has p = 1, so that each dropped tensor is zero and the
+    result does not depend on any draw."""
+    h = _learner(learner, name, ref, *args)
+    method(h, "train", name)()
+    got, _ = _run_block(h, x, name)
+    with torch.no_grad():
+        expected = ref.train()(x)[0]
+    return got, expected
+
+
 @points(1.5, part="gpt")
 def test_block_matches_reference(learner, reference, rng):
-    """Does GPTBlock (pre-LN, causal attention, tanh GELU) give the reference's output and cache?"""
+    """Does GPTBlock (pre-LN, causal attention, tanh GELU) give the reference's output and cache, and in training
+    mode is dropout where GPT-2 has it (the attention weights, both residual branches)?"""
     for d, H, B, T in ((8 * _randint(rng, 2, 3), 2, 2, _randint(rng, 5, 8)), (12, 3, 1, _randint(rng, 3, 6)),
                        (16, 4, 3, _randint(rng, 4, 7))):
         ref = _redraw(reference.GPTBlock(d, H), rng)
@@ -742,6 +820,12 @@ def test_block_matches_reference(learner, reference, rng):
             raise Hint(diagnose(y, mistakes, BL_GENERIC, same=_same))
         k, v = _cache_pair(cache, "GPTBlock", ek.shape)
         expect(_same(k, ek) and _same(v, ev), CACHE_KV)
+    d, H = 8 * _randint(rng, 1, 2), 2
+    x = torch.randn(2, _randint(rng, 3, 6), d, generator=rng, dtype=F64)
+    ref = _redraw(reference.CausalSelfAttention(d, H, 1.0), rng)  # dropped weights: y = proj's bias, not zero
+    expect(_same(*_dropped(learner, "CausalSelfAttention", ref, x, d, H, 1.0)), DROP_ATTN)
+    ref = _redraw(reference.GPTBlock(d, H, 1.0), rng)  # both branches dropped: y = x
+    expect(_same(*_dropped(learner, "GPTBlock", ref, x, d, H, 1.0)), DROP_BLOCK)
 
 
 @points(1, part="gpt")
@@ -759,14 +843,14 @@ def test_attention_with_a_cache_of_several_tokens(learner, reference, rng):
         y, new = _run_block(h, x[:, past:], "CausalSelfAttention", cache)
         if not _same(y, full[:, past:]):
             mistakes = [(hint, lambda kw=kw: _attention(x[:, past:], sd, "", H, cache, **kw)[0])
-                        for kw, hint in BLOCK_VARIANTS if "post_ln" not in kw and "act" not in kw]
+                        for kw, hint in BLOCK_VARIANTS if not {"post_ln", "act", "eps"} & set(kw)]
             raise Hint(diagnose(y, mistakes, AT_GENERIC, same=_same))
         k, v = _cache_pair(new, "CausalSelfAttention", fk.shape)
         expect(_same(k, fk) and _same(v, fv), CACHE_KV)
 
 
-def _gpt_case(reference, rng, V, max_len, d, L, H):
-    ref = _redraw(reference.GPT(V, max_len, d, L, H), rng, scale=2.0)
+def _gpt_case(reference, rng, V, max_len, d, L, H, dropout=0.0):
+    ref = _redraw(reference.GPT(V, max_len, d, L, H, dropout), rng, scale=2.0)
     return ref, _sd(ref)
 
 
@@ -778,7 +862,8 @@ def _logits(h, ids, V, caches=None):
 
 @points(1.5, part="gpt")
 def test_gpt_logits_match_reference(learner, reference, rng):
-    """Does GPT give the reference's logits (learned positions, blocks, ln_f, tied head) and one cache per block?"""
+    """Does GPT give the reference's logits (learned positions, blocks, ln_f, tied head) and one cache per block,
+    and in training mode drop the sum of the embeddings?"""
     for V, max_len, d, L, H, B in ((_randint(rng, 20, 40), 12, 16, 2, 2, 2), (_randint(rng, 20, 40), 9, 12, 1, 3, 3),
                                    (_randint(rng, 20, 40), 10, 8, 3, 1, 1)):
         ref, sd = _gpt_case(reference, rng, V, max_len, d, L, H)
@@ -794,6 +879,20 @@ def test_gpt_logits_match_reference(learner, reference, rng):
         for c, (ek, ev) in zip(caches, ecaches):
             k, v = _cache_pair(c, "GPT", ek.shape)
             expect(_same(k, ek) and _same(v, ev), CACHE_KV)
+    # in training mode with dropout 1 every position's logits are head(ln_f(0)): dropped embeddings, dropped branches
+    V, max_len, d, L, H = _randint(rng, 20, 40), 8, 8, 2, 2
+    ref, _ = _gpt_case(reference, rng, V, max_len, d, L, H, 1.0)
+    h = _learner(learner, "GPT", ref, V, max_len, d, L, H, 1.0)
+    method(h, "train", "GPT")()
+    ids = torch.randint(0, V, (2, max_len), generator=rng)
+    got, _ = _logits(h, ids, V)
+    with torch.no_grad():
+        expected = ref.train()(ids)[0]
+    if not _same(got, expected):
+        # a block that drops the wrong things is the block check's mistake: charged there, not twice
+        block = _redraw(reference.GPTBlock(d, H, 1.0), rng)
+        x = torch.randn(2, max_len, d, generator=rng, dtype=F64)
+        expect(not _same(*_dropped(learner, "GPTBlock", block, x, d, H, 1.0)), DROP_GPT)
 
 
 @points(1, part="gpt")
@@ -1014,8 +1113,15 @@ def _slack(n, p):
 
 
 def _probs(logits, temperature=1.0, top_k=None, top_p=1.0, *, temp="divide", k_shift=0, k_small=False,
-           p_rule="reach", p_sorted=True):
-    """The distribution `sample` draws from, computed here in float64, or with one typical mistake."""
+           p_rule="reach", p_sorted=True, order="kp", filters_first=False):
+    """The distribution `sample` draws from, computed here in float64, or with one typical mistake: `order="pk"`
+    applies top-p (to the whole distribution) before top-k; `filters_first` applies both to the logits before the
+    temperature, which then scales the kept ones."""
+    if filters_first:
+        kept = _probs(logits, 1.0, top_k, top_p, k_shift=k_shift, k_small=k_small, p_rule=p_rule, p_sorted=p_sorted,
+                      order=order) > 0
+        q = (logits.to(F64) / temperature).softmax(-1) * kept
+        return q / q.sum()
     z = logits.to(F64)
     V = z.numel()
     if temp == "divide":
@@ -1048,6 +1154,9 @@ def _probs(logits, temperature=1.0, top_k=None, top_p=1.0, *, temp="divide", k_s
         kth = torch.topk(-z if k_small else z, k).values[-1]
         return z.masked_fill((-z if k_small else z) < kth, float("-inf"))
 
+    if order == "pk":  # the nucleus of the whole distribution, then the top k of what it kept
+        q = z.softmax(-1) * ((nucleus(z) > 0) & (top(z) > float("-inf")))
+        return q / q.sum()
     return nucleus(top(z))
 
 
@@ -1076,8 +1185,8 @@ def _separated(p, q, n):
 
 def _sample_case(rng, V, n, settings, shows, shape=None):
     """Logits (tried here first) on which the distribution of each mistake in `shows` is told apart from the right
-    one by n draws, whatever the seed."""
-    for _ in range(500):
+    one by n draws, whatever the seed (at temperature 2.5 and n = 600, about 45 tries on average)."""
+    for _ in range(3000):
         logits = (shape(rng, V) if shape else torch.randn(V, generator=rng, dtype=F64) * 1.5).to(torch.float32)
         right = _probs(logits, **settings)
         wrong = [_probs(logits, **{**settings, **kw}) for kw in shows]
@@ -1117,7 +1226,14 @@ def _check_sampling(learner, rng, V, n, settings, variants, shows, shape=None):
     their frequencies; name the mistake whose distribution fits them."""
     clean = _sample_settings(settings)
     logits = _sample_case(rng, V, n, clean, shows, shape)
-    draws = _draws(learner, logits, n, _randint(rng, 0, 10**6), **clean)
+    _judge_draws(_draws(learner, logits, n, _randint(rng, 0, 10**6), **clean), logits, settings, variants)
+
+
+def _judge_draws(draws, logits, settings, variants):
+    """Pass when the draws (ids) follow the distribution of `sample` on `logits` with `settings`; else name the
+    mistake of `variants` whose distribution they fit."""
+    clean = _sample_settings(settings)
+    n, V = len(draws), len(logits)
     counts = torch.bincount(torch.tensor(draws, dtype=torch.long).clamp(0, V), minlength=V + 1)[:V]
     p = _probs(logits, **clean)
     outside = any(not (0 <= x < V) or p[x] == 0 for x in draws)
@@ -1162,12 +1278,54 @@ def _spread(rng, V):
 TEMP_VARIANTS = (({"temp": "none"}, SA_AFTER_SOFTMAX), ({"temp": "times"}, SA_TIMES))
 
 
+def _clear_of(z, top_p, sizes, margin=0.02):
+    """True when, for the distribution softmax(z) cut to its `K` largest and renormalised, for each K of `sizes`,
+    no cumulative probability (in decreasing order) lies within `margin` of top_p: whether a token is kept never
+    hangs on rounding."""
+    sp = z.to(F64).softmax(-1).sort(descending=True).values
+    return all(bool(((sp[:K].cumsum(0) / sp[:K].sum()) - top_p).abs().min() >= margin) for K in sizes)
+
+
+def _temperature_first_case(rng):
+    """Logits (float32, the argmax at id 0), a temperature below 1 and a top_p (tried here first) where the nucleus
+    of softmax(logits / T) is the argmax alone and that of softmax(logits) is larger: filtering before the
+    temperature draws another token with probability 0.2 or more per draw. (The argmax at id 0: top_p cumulated in
+    id order, or dropping the crossing token but the first, keeps it alone here too; the top-p check judges those.)"""
+    for _ in range(3000):
+        V = _randint(rng, 6, 10)
+        z = torch.randn(V, generator=rng, dtype=F64).float()
+        z[0] = z.max() + _uniform(rng, 0.05, 0.6)
+        settings = {"temperature": _uniform(rng, 0.3, 0.7), "top_p": _uniform(rng, 0.4, 0.8)}
+        hot, raw = (z.to(F64) / settings["temperature"]).softmax(-1), z.to(F64).softmax(-1)
+        if not (hot[0] - settings["top_p"] > 0.03 and settings["top_p"] - raw[0] > 0.03):
+            continue
+        first = _probs(z, **settings, filters_first=True)
+        if (all(x == 0 or x >= 0.2 for x in first.tolist()) and _clear_of(z / settings["temperature"],
+                                                                           settings["top_p"], (V,))
+                and _clear_of(z, settings["top_p"], (V,))):
+            return z, settings
+    raise RuntimeError("no logits found on which filtering before the temperature shows")
+
+
 @points(0.5, part="sample")
 def test_sample_temperature_and_generator(learner, reference, rng):
-    """Do the draws follow softmax(logits / temperature), and the generator (the same seed, the same draws)?"""
+    """Do the draws follow softmax(logits / temperature), the temperature applied before top-k and top-p, a negative
+    temperature raise a ValueError, and the draws follow the generator (the same seed, the same draws)?"""
     for temperature in (0.5, 2.5):
-        _check_sampling(learner, rng, _randint(rng, 6, 10), 800, {"temperature": temperature}, TEMP_VARIANTS,
+        _check_sampling(learner, rng, _randint(rng, 6, 10), 600, {"temperature": temperature}, TEMP_VARIANTS,
                         [kw for kw, _ in TEMP_VARIANTS], _spread)
+    for temperature in (-1.0, -_uniform(rng, 0.05, 0.5)):
+        try:
+            learner.sample(torch.randn(_randint(rng, 3, 8), generator=rng), temperature=temperature)
+        except LearnerError as exc:
+            expect(exc.etype == "ValueError", SA_NEGATIVE)
+        else:
+            raise Hint(SA_NEGATIVE)
+    # the temperature before the filters: the right draws are the argmax alone (150 draws of a mistake that draws
+    # another token with probability 0.2 all miss it with probability below 1e-14)
+    logits, settings = _temperature_first_case(rng)
+    _check_sampling(learner, rng, len(logits), 150, {**settings, "_outside": SA_FILTERS_FIRST},
+                    (({"filters_first": True}, SA_FILTERS_FIRST),) + TEMP_VARIANTS, [], lambda r, v, z=logits: z)
     logits = torch.randn(_randint(rng, 8, 12), generator=rng) * 0.3  # no token above 1/4: sequences rarely agree
     seed = _randint(rng, 0, 10**6)
     first = _draws(learner, logits, 30, seed)
@@ -1186,7 +1344,8 @@ def _flat(rng, V):
 
 @points(1, part="sample")
 def test_sample_keeps_exactly_the_top_k(learner, reference, rng):
-    """With top_k, is nothing outside the k largest logits ever drawn, the k kept with renormalised frequencies?"""
+    """With top_k, is nothing outside the k largest logits (and those equal to the k-th) ever drawn, the kept ones
+    with renormalised frequencies, and top_k < 1 a ValueError?"""
     shows = [{"k_shift": -1}, {"k_shift": 1}]
     for V, k in ((_randint(rng, 8, 12), 3), (_randint(rng, 8, 12), _randint(rng, 2, 5))):
         _check_sampling(learner, rng, V, 600, {"top_k": k, "_outside": SA_OUTSIDE_K}, TOP_K_VARIANTS, shows, _flat)
@@ -1198,6 +1357,26 @@ def test_sample_keeps_exactly_the_top_k(learner, reference, rng):
     logits = _flat(rng, _randint(rng, 5, 9)).float()
     best = int(logits.argmax())
     expect(all(x == best for x in _draws(learner, logits, 20, _randint(rng, 0, 10**6), top_k=1)), SA_K_ONE)
+    for k in (0, -_randint(rng, 1, 5)):
+        try:
+            learner.sample(logits, top_k=k)
+        except LearnerError as exc:
+            expect(exc.etype == "ValueError", SA_K_BELOW_ONE)
+        else:
+            raise Hint(SA_K_BELOW_ONE)
+    # logits tied with the k-th largest are all kept: k - 1 larger logits, 2 or 3 equal to the k-th (4 kept at
+    # most), the rest far below; every kept token has a probability above 0.2, so 150 draws miss one with
+    # probability below 1e-14
+    k = _randint(rng, 2, 3)
+    m = 2 if k == 3 else _randint(rng, 2, 3)
+    V = k - 1 + m + _randint(rng, 2, 4)
+    values = [0.15 * (k - 1 - i) for i in range(k - 1)] + [0.0] * m
+    values += [-3.0 - _uniform(rng, 0.0, 1.0) for _ in range(V - len(values))]
+    logits = torch.tensor(values)[torch.randperm(V, generator=rng)]
+    draws = _draws(learner, logits, 150, _randint(rng, 0, 10**6), top_k=k)
+    kept = {i for i in range(V) if logits[i] >= 0}
+    expect(not (set(draws) < kept and len(set(draws)) == k), SA_K_TIES)
+    _judge_draws(draws, logits, {"top_k": k, "_outside": SA_OUTSIDE_K}, TOP_K_VARIANTS)
 
 
 TOP_P_VARIANTS = (({"p_rule": "drop"}, SA_P_DROPS), ({"p_rule": "drop_eq"}, SA_P_DROPS),
@@ -1224,12 +1403,46 @@ def _nucleus_case(rng, V, settings, shows, n):
     raise RuntimeError("no logits found on which the top-p mistakes show")
 
 
+def _nucleus_size(sp, top_p):
+    """How many of the probabilities `sp` (sorted, decreasing; renormalised here) top_p keeps."""
+    total, mass, n = sum(sp), 0.0, 0
+    for p in sp:
+        if n and mass / total >= top_p:
+            break
+        mass, n = mass + p, n + 1
+    return n
+
+
+def _order_case(rng, n):
+    """Logits (float32), top_k and top_p (tried here first) on which applying top_p before top_k keeps other tokens
+    than the exercise's order (top_k, then top_p on what it kept, renormalised), while top_k +- 1 keeps the same ones
+    (a mistake of top-k is the top-k check's), every kept token of either order of probability 0.2 or more (n = 150
+    draws miss one with probability below 1e-14)."""
+    for _ in range(3000):
+        V, k = _randint(rng, 8, 12), _randint(rng, 4, 6)
+        z = (torch.randn(V, generator=rng, dtype=F64) * 1.2).float()
+        settings = {"top_k": k, "top_p": _uniform(rng, 0.5, 0.85)}
+        sp = sorted(z.to(F64).softmax(-1).tolist(), reverse=True)
+        kept = {K: _nucleus_size(sp[:K], settings["top_p"]) for K in (k - 1, k, k + 1, V)}
+        m, w = kept[k], min(k, kept[V])  # the right order keeps m tokens, the wrong one w
+        smallest = min(sp[m - 1] / sum(sp[:m]), sp[w - 1] / sum(sp[:w]))
+        if not (2 <= m == kept[k - 1] == kept[k + 1] < w) or smallest < 0.2:
+            continue  # (a quick look first; the distributions below decide)
+        right, wrong = _probs(z, **settings), _probs(z, **settings, order="pk")
+        if (_separated(right, wrong, n) and all(x == 0 or x >= 0.2 for q in (right, wrong) for x in q.tolist())
+                and all(_support(_probs(z, **settings, k_shift=s)) == _support(right) for s in (1, -1))
+                and _clear_of(z, settings["top_p"], (k - 1, k, k + 1, V))):
+            return z, settings
+    raise RuntimeError("no logits found on which the order of top-k and top-p shows")
+
+
 @points(1, part="sample")
 def test_sample_keeps_the_token_that_crosses_top_p(learner, reference, rng):
-    """With top_p, is the smallest prefix reaching top_p drawn (its crossing token too) and nothing outside it?"""
-    # (top_k is left out: the top-k check judges it, and each check sees the mistakes of its own filter only)
-    for V, top_p in ((_randint(rng, 6, 10), _uniform(rng, 0.5, 0.8)), (_randint(rng, 6, 10), _uniform(rng, 0.6, 0.85)),
-                     (_randint(rng, 9, 12), _uniform(rng, 0.4, 0.7))):
+    """With top_p, is the smallest prefix reaching top_p drawn (its crossing token too, the lower id first on ties)
+    and nothing outside it, top_p acting on what top_k kept?"""
+    # (top_k is left out but in the last case, where its own mistakes keep the right tokens: the top-k check judges
+    # them, and each check sees the mistakes of its own filter only; the last case shows top_p's own mistakes too)
+    for V, top_p in ((_randint(rng, 6, 10), _uniform(rng, 0.5, 0.8)), (_randint(rng, 6, 10), _uniform(rng, 0.6, 0.85))):
         settings = {"top_p": top_p}
         logits = _nucleus_case(rng, V, settings, [{"p_rule": "drop"}], 600)
         _check_sampling(learner, rng, V, 600, {**settings, "_outside": SA_OUTSIDE_P}, TOP_P_VARIANTS, [],
@@ -1239,14 +1452,20 @@ def test_sample_keeps_the_token_that_crosses_top_p(learner, reference, rng):
     # top_p however it is computed (a shifted cumsum, or cumsum - probs): with n = 12 the rounding of
     # 3/12 - 1/12 decided whether a right answer kept a third token.
     n = 2 ** _randint(rng, 2, 4)
-    draws = _draws(learner, torch.zeros(n), 100, _randint(rng, 0, 10**6), top_p=2 / n)
-    expect(set(draws) == {0, 1}, SA_P_EXACT)
+    drawn = set(_draws(learner, torch.zeros(n), 100, _randint(rng, 0, 10**6), top_p=2 / n))
+    if drawn != {0, 1}:  # two kept tokens drawn 100 times both show, but with probability 2^-99
+        expect(len(drawn) != 2, SA_P_TIE_ORDER)  # two tokens, not the two lowest ids
+        raise Hint(SA_P_EXACT if len(drawn) > 2 else SA_P_DROPS)
     # the top token alone when top_p is below its probability: the runner-up is close, never drawn
     logits = torch.randn(_randint(rng, 5, 8), generator=rng) - 3
     best, second = torch.randperm(len(logits), generator=rng)[:2].tolist()
     logits[best], logits[second] = 1.0, 0.8
     draws = _draws(learner, logits, 60, _randint(rng, 0, 10**6), top_p=float(logits.softmax(-1)[best]) / 2)
     expect(all(x == best for x in draws), SA_P_TOP)
+    # top_k first, then top_p on the renormalised rest: here applying top_p first keeps more tokens
+    logits, settings = _order_case(rng, 150)
+    _check_sampling(learner, rng, len(logits), 150, {**settings, "_outside": SA_P_BEFORE_K},
+                    (({"order": "pk"}, SA_P_BEFORE_K),) + TOP_P_VARIANTS, [], lambda r, v, z=logits: z)
 
 
 # --- Part 5: generation with the cache (2 points) ---------------------------------------------
@@ -1262,13 +1481,13 @@ def _generate_case(reference, rng, learner, *, dropout=0.0):
         seq, margins = prompt, []
         with torch.no_grad():
             for _ in range(new):
-                top2 = ref(seq)[0][:, -1].topk(2).values
+                last = ref(seq)[0][:, -1]
+                top2 = last.topk(2).values
                 margins.append(float((top2[:, 0] - top2[:, 1]).min()))
-                seq = torch.cat([seq, ref(seq)[0][:, -1].argmax(-1, keepdim=True)], dim=1)
+                seq = torch.cat([seq, last.argmax(-1, keepdim=True)], dim=1)
         if min(margins) > 1e-6:
             break
-    h = learner_module(learner, "GPT", reference.GPT(V, max_len, d, L, H, dropout), V, max_len, d, L, H, dropout)
-    h.load_state_dict(ref.state_dict())
+    h = learner_module(learner, "GPT", ref, V, max_len, d, L, H, dropout)  # ref's weights: float32 numbers
     h.to(dtype=F64)
     method(h, "eval", "GPT")()
     # generation reads the model through its caches: with caches that disagree with the whole sequence, no
@@ -1297,14 +1516,36 @@ def _generated(learner, h, prompt, new, **kw):
     return got
 
 
-@points(1, part="generate")
-def test_generate_greedy_matches_recomputation(learner, reference, rng):
-    """At temperature 0, does generate give greedy decoding recomputed on the whole prefix, up to max_len?"""
-    ref, h, prompt, new, expected = _generate_case(reference, rng, learner, dropout=0.3)
-    V = ref.tok.weight.shape[0]
-    method(h, "train", "GPT")()
-    got = _generated(learner, h, prompt, new, temperature=0)
-    expect(h.training is False, GE_TRAIN_MODE)
+# A forward pre-hook made in the learner's process (a check cannot send a function there), and the reader of what
+# it noted: for each call of the model it is registered on, whether the model was in training mode, whether
+# gradients were on, and the shape of each integer matrix among the arguments (the ids, given by position or by
+# name; the caches are lists). It holds no tensor and changes nothing: it returns None.
+RECORDER = ("(lambda calls, torch: (lambda m, a, k: calls.append((m.training is True, torch.is_grad_enabled(), "
+            "[tuple(x.shape) for x in (*a, *k.values()) if isinstance(x, torch.Tensor) and x.dim() == 2 "
+            "and not x.is_floating_point()])), calls.copy))([], __import__('torch'))")
+
+
+def _generate_noted(learner, h, prompt, new, **kw):
+    """`generate` on the learner's model `h` with a hook noting each call of the model, however generate makes it
+    (ids and caches by position or by name): (the result, the calls as (training, grad enabled, [ids shapes]))."""
+    builtins = _remote(learner.attribute("torch", "builtins"), TORCH_GONE)
+    # (globals that hold __builtins__ already: eval leaves them as they are, an argument it does not change)
+    made = method(builtins, "eval", "builtins")(RECORDER, {"__builtins__": builtins})
+    expect(isinstance(made, tuple) and len(made) == 2 and all(isinstance(f, RemoteObject) for f in made), CALLS_GONE)
+    hook, read = made
+    method(h, "register_forward_pre_hook", "GPT")(hook, with_kwargs=True)  # on this check's model only
+    got = _generated(learner, h, prompt, new, **kw)
+    calls = read()
+    expect(isinstance(calls, list) and all(
+        isinstance(c, tuple) and len(c) == 3 and type(c[0]) is bool and type(c[1]) is bool and isinstance(c[2], list)
+        and all(isinstance(s, tuple) and len(s) == 2 and all(type(n) is int for n in s) for s in c[2])
+        for c in calls), CALLS_GONE)
+    return got, calls
+
+
+def _judge_greedy(learner, h, prompt, new, expected, got, V):
+    """Pass when `got` is greedy decoding, by the reference's model or the learner's own recomputed on the whole
+    prefix (the model's own errors are part 2's); else name the part to fix."""
     if torch.equal(got, expected):
         return
     own = _recompute(h, prompt, new, V, lambda z: int(z.argmax()))  # the learner's model, recomputed
@@ -1315,6 +1556,35 @@ def test_generate_greedy_matches_recomputation(learner, reference, rng):
     for b in range(prompt.size(0)):
         expect(_drawn(learner.sample(logits[b, -1], temperature=0), V) == int(logits[b, -1].argmax()), GE_SAMPLE)
     raise Hint(GE_GREEDY)
+
+
+@points(0.5, part="generate")
+def test_generate_greedy_matches_recomputation(learner, reference, rng):
+    """At temperature 0, does generate give greedy decoding recomputed on the whole prefix, up to max_len, the model
+    in eval mode (dropout off) even when the caller left it in training mode?"""
+    ref, h, prompt, new, expected = _generate_case(reference, rng, learner, dropout=0.3)
+    V = ref.tok.weight.shape[0]
+    method(h, "train", "GPT")()
+    got, calls = _generate_noted(learner, h, prompt, new, temperature=0)
+    # afterwards the model may be in either mode: left in eval mode, or the caller's (training) mode restored
+    expect(not any(training for training, _, _ in calls), GE_TRAIN_MODE)
+    expect(calls or torch.equal(got, expected) or h.training is False, GE_TRAIN_MODE)  # (model.forward called)
+    _judge_greedy(learner, h, prompt, new, expected, got, V)
+
+
+@points(0.5, part="generate")
+def test_generate_feeds_one_position_a_step(learner, reference, rng):
+    """Does generate feed the prompts once, then one position a step with the caches, without gradients, and
+    leave a model it was given in eval mode in eval mode?"""
+    ref, h, prompt, new, expected = _generate_case(reference, rng, learner)
+    V = ref.tok.weight.shape[0]
+    got, calls = _generate_noted(learner, h, prompt, new, temperature=0)
+    _judge_greedy(learner, h, prompt, new, expected, got, V)
+    expect(not any(grad for _, grad, _ in calls), GE_GRAD)
+    B, T = prompt.shape
+    fed = sum(n * t for _, _, shapes in calls for n, t in shapes)  # positions times rows, however the rows go
+    expect(fed <= B * (T + new), GE_PREFIX)  # the prompts, then one position a step (one more, unused, is fine)
+    expect(h.training is False, GE_MODE_AFTER)
 
 
 def _model_cache_first(h, prompt, seq, V):

@@ -18,6 +18,11 @@ MISTAKES = {
              "test_seq2seq_mixed_ratio_decides_per_step"},
         {"test_seq2seq_teacher_forcing_matches_reference": "CURRENT target token tgt[:, t]"},
         edits=(("y_prev = tgt[:, t - 1] if teacher", "y_prev = tgt[:, t] if teacher"),), one_hint=True),
+    # Another random generator for the teacher-forcing draw (the master's random.random() is an example): one
+    # draw per step for the whole batch is all the checks ask, so it loses nothing.
+    "tf_torch_draw_ok": Mistake(
+        20, set(), edits=(("teacher = random.random() < teacher_forcing_ratio",
+                           "teacher = float(torch.rand(())) < teacher_forcing_ratio"),)),
     # Greedy decoding keeps writing argmax tokens after a row's eos.
     "greedy_no_pad": Mistake(
         16.5, {"test_greedy_matches_reference", "test_greedy_pads_after_eos", "test_greedy_honours_sos_eos_pad",

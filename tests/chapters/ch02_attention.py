@@ -64,6 +64,16 @@ MISTAKES = {
          "test_local_attention_window": "sigma = D: it must be sigma = D / 2",
          "test_local_attention_mask": "sigma = D: it must be sigma = D / 2"},
         edits=(("sigma = D / 2", "sigma = D"),)),
+    # The window's centre rounds halves up (floor(p + 0.5)), not to even as torch.round does: the same
+    # window for every p but one exactly halfway between two positions, which only the window check draws.
+    "local_round_half_up": Mistake(
+        21, {"test_local_attention_window"}, {"test_local_attention_window": "halves to the even integer"},
+        edits=(("window = (positions - torch.round(p).unsqueeze(-1)).abs() <= D",
+                "window = (positions - torch.floor(p + 0.5).unsqueeze(-1)).abs() <= D"),)),
+    # W applied once per key instead of once per query: slower, equally right, full marks.
+    "general_w_per_key_ok": Mistake(22, set(), edits=(
+        ("    projected = query @ W  # (B, d_k)\n    return (keys * projected.unsqueeze(-2)).sum(dim=-1)  # (B, S)",
+         "    return ((keys @ W.T) * query.unsqueeze(-2)).sum(dim=-1)  # (B, S)"),)),
     # Right on the CPU, fails on a GPU: caught through the meta device on a CPU-only grader.
     "local_positions_on_cpu": Mistake(
         21, {"test_local_attention_matches_reference"},

@@ -76,6 +76,23 @@ MISTAKES = {
     # the masked positions, so no NaN reaches q or k.
     "minus_inf_masked_fill_ok": Mistake(26, set(), edits=(
         (SDPA_FILL, 'scores = scores.masked_fill(~mask, float("-inf"))'), SOFTMAX_NAN_TO_NUM)),
+    # attention_numpy with an exp of its own instead of the stable softmax: right until the scores pass 709.
+    "numpy_unstable_softmax": Mistake(
+        25, {"test_attention_numpy_rows_sum_to_one"}, {"test_attention_numpy_rows_sum_to_one": "stable softmax"},
+        edits=(("weights = softmax(scores, axis=-1)  # (..., Lq, Lk)",
+                "weights = np.exp(scores) / np.exp(scores).sum(axis=-1, keepdims=True)  # (..., Lq, Lk)"),)),
+    # attention_numpy scales the caller's q in place (right values, the caller's array changed): the first
+    # check of the part that sees it loses its points, the part's other checks judge the values (the rule
+    # of every exercise's instructions: a function leaves its arguments as they were).
+    "numpy_scales_q_in_place": Mistake(
+        24, {"test_attention_numpy_matches_reference"},
+        {"test_attention_numpy_matches_reference": "changed its argument `q` in place"},
+        edits=(("    scores = q @ np.swapaxes(k, -1, -2) / np.sqrt(d_k)  # (..., Lq, Lk)",
+                "    q /= np.sqrt(d_k)\n    scores = q @ np.swapaxes(k, -1, -2)  # (..., Lq, Lk)"),)),
+    # Dropout written by hand (the master names F.dropout as one way): the same statistics, full marks.
+    "own_dropout_ok": Mistake(26, set(), edits=(
+        ("weights = F.dropout(weights, p=dropout_p)",
+         "weights = weights * (torch.rand_like(weights) >= dropout_p) / (1 - dropout_p)"),)),
     "fill_minus_1e9": Mistake(25, {"test_sdpa_half_precision"},
                               {"test_sdpa_half_precision": "fixed fill value such as -1e9"},
                               edits=((SDPA_FILL, "scores = scores.masked_fill(~mask, -1e9)"),)),

@@ -45,6 +45,16 @@ MISTAKES = {
                                   "test_self_attention_gradients", "test_self_attention_dtypes_and_devices"},
                              {"test_self_attention_masks": "inverted"}, edits=(
         (SA_CALL, "return scaled_dot_product_attention(q, k, v, mask=None if mask is None else ~mask)"),)),
+    # Attention written out instead of calling the setup cell's function (which the master offers, ready to
+    # use), fully masked rows zeroed too: full marks.
+    "own_attention_ok": Mistake(21, set(), edits=((SA_CALL, (
+        "s = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))\n"
+        "        if mask is not None:\n"
+        "            s = s.masked_fill(~mask, torch.finfo(s.dtype).min)\n"
+        "        w = torch.softmax(s, -1)\n"
+        "        if mask is not None:\n"
+        "            w = w.masked_fill(~mask, 0.0)\n"
+        "        return w @ v, w")),)),
     # Part 2.
     "sin_cos_swapped": Mistake(17, SIN_ALL, {"test_sinusoidal_matches_reference": "sin and cos are swapped"},
                                edits=((SIN_STACK, "torch.stack([angles.cos(), angles.sin()], dim=-1)"),)),
@@ -83,6 +93,11 @@ MISTAKES = {
     "rope_half_precision_angles": Mistake(20, {"test_rope_dtypes_and_devices"},
                                           {"test_rope_dtypes_and_devices": "float32"}, edits=(
         ("work = torch.float64 if x.dtype == torch.float64 else torch.float32", "work = x.dtype"),)),
+    # Angles in float32 for a float64 x: right to float32's precision only, which the float64 case of the
+    # dtype check sees (the other checks hold float64 to float32's tolerance).
+    "rope_float32_angles_for_float64": Mistake(
+        20, {"test_rope_dtypes_and_devices"}, {"test_rope_dtypes_and_devices": "in float64 when x is float64"},
+        edits=(("work = torch.float64 if x.dtype == torch.float64 else torch.float32", "work = torch.float32"),)),
     "rope_fixed_device": Mistake(20, {"test_rope_dtypes_and_devices"},
                                  {"test_rope_dtypes_and_devices": "would fail on a GPU"}, edits=(
         ("torch.arange(0, d, 2, device=x.device, dtype=work)", "torch.arange(0, d, 2, dtype=work)"),)),

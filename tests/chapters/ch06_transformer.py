@@ -13,6 +13,7 @@ MODEL = {"test_transformer_forward_matches_reference", "test_transformer_decode_
          "test_transformer_causal_and_padding_properties"}
 GREEDY = {"test_greedy_decode_matches_reference", "test_greedy_decode_cached_equals_recomputation",
           "test_greedy_decode_honours_sos_eos_pad"}
+GREEDY_OF_DECODE = {"test_greedy_decode_matches_reference", "test_greedy_decode_honours_sos_eos_pad"}
 CACHE_CAT = (("k = torch.cat([cache[0], k], dim=2)", "v = torch.cat([cache[1], v], dim=2)"))
 FIX_DEC = "your DecoderLayer (part 4), which it uses, is wrong or fails: fix it first"
 ENC_DROPOUT = ("x = x + self.dropout(self.self_attn(h, h, h, mask=src_mask)[0])",
@@ -169,4 +170,19 @@ MISTAKES = {
             ("device=src.device).tril()  # (T, T)", "device=src.device).tril(diagonal=1)  # (T, T)"),)),
     "greedy_no_src_mask": Mistake(22, GREEDY, _all(GREEDY, "ignores the source's padding"), edits=(
         ("    src_mask = make_src_mask(src, pad)\n", "    src_mask = None\n"),)),
+    # The default padding id 0 rather than pad: seen where pad is another id, and the real tokens are never 0.
+    "greedy_src_mask_pad_0": Mistake(
+        25.5, {"test_greedy_decode_honours_sos_eos_pad"},
+        {"test_greedy_decode_honours_sos_eos_pad": "make_src_mask(src, pad), with the pad"},
+        edits=((GREEDY_START + "    ys", GREEDY_START.replace("(src, pad)", "(src)") + "    ys"),)),
+    # max_len steps whatever the rows: seen where every row finishes at the first step (eos made certain).
+    "greedy_no_early_stop": Mistake(
+        24, GREEDY_OF_DECODE, _all(GREEDY_OF_DECODE, "does not stop as soon as every row"),
+        edits=(("        if bool(finished.all()):\n            break\n        ys = torch.cat",
+                "        ys = torch.cat"),)),
+    # One step too many: seen where no row ever finishes (eos made impossible).
+    "greedy_one_step_too_many": Mistake(
+        24, GREEDY_OF_DECODE, _all(GREEDY_OF_DECODE, "one step too few or too many"),
+        edits=(("    tokens = []\n    for _ in range(max_len):",
+                "    tokens = []\n    for _ in range(max_len + 1):"),)),
 }

@@ -7,13 +7,25 @@ KEY = "07_efficient_attention"
 OS = {"test_online_softmax_matches_softmax", "test_online_softmax_extreme_scores",
       "test_online_softmax_dtypes_and_devices"}
 TILED_VALUES = {"test_tiled_attention_matches_exact", "test_tiled_attention_causal",
-                "test_tiled_attention_dtypes_and_devices"}
-CAUSAL = {"test_tiled_attention_causal", "test_tiled_attention_dtypes_and_devices"}
-WINDOW = {"test_sliding_window_mask_matches_definition", "test_sliding_window_mask_device"}
+                "test_tiled_attention_dtypes_and_devices", "test_tiled_attention_causal_skips_future_blocks"}
+CAUSAL = {"test_tiled_attention_causal", "test_tiled_attention_dtypes_and_devices",
+          "test_tiled_attention_causal_skips_future_blocks"}
+SKIPS = "test_tiled_attention_causal_skips_future_blocks"
+WINDOW = {"test_sliding_window_mask_matches_definition", "test_sliding_window_mask_refuses_empty_window",
+          "test_sliding_window_mask_device"}
 LINEAR = {"test_linear_attention_matches_reference", "test_linear_attention_causal",
           "test_linear_attention_dtypes_and_devices"}
 LINEAR_CAUSAL = {"test_linear_attention_causal", "test_linear_attention_dtypes_and_devices"}
 SKIP = "if causal and j0 > i0:"
+SKIP_BLOCK = ("            if causal and j0 > i0:\n"
+              "                break  # this key block and all later ones lie wholly above the diagonal\n")
+DIAGONAL = ("            if causal and j0 == i0:\n"
+            "                # The diagonal block: key j0 + c is in the future of query i0 + r when c > r.\n"
+            "                future = torch.ones(i1 - i0, j1 - j0, dtype=torch.bool, device=q.device).triu(1)\n")
+# Every key block read, the future masked in each: right values, but the blocks above the diagonal are not skipped.
+MASK_EVERY_BLOCK = ("            if causal:\n"
+                    "                future = (torch.arange(j0, j1, device=q.device)[None, :]\n"
+                    "                          > torch.arange(i0, i1, device=q.device)[:, None])\n")
 
 # A tiled_attention that builds the whole score matrix: right values, causal as is_causal=True.
 NAIVE = ("    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (..., Lq, Lk)\n"
@@ -36,22 +48,31 @@ MISTAKES = {
                                         {"test_online_softmax_extreme_scores": "-inf - (-inf) is NaN"}, edits=(
         ("shift = m_new.masked_fill(m_new == -math.inf, 0.0)", "shift = m_new"),)),
     # A tiled function with a rescaling bug still holds only blocks: it keeps the memory points.
-    "tiled_output_not_rescaled": Mistake(16, TILED_VALUES, _all(TILED_VALUES, "rescales the running output"),
+    "tiled_output_not_rescaled": Mistake(15, TILED_VALUES, _all(TILED_VALUES, "rescales the running output"),
                                          edits=(("o = o * alpha + p @ v[..., j0:j1, :]",
                                                  "o = o + p @ v[..., j0:j1, :]"),)),
-    "tiled_sum_not_rescaled": Mistake(16, TILED_VALUES, _all(TILED_VALUES, "does not rescale the running sum"),
+    "tiled_sum_not_rescaled": Mistake(15, TILED_VALUES, _all(TILED_VALUES, "does not rescale the running sum"),
                                       edits=(("s = s * alpha + p.sum(dim=-1, keepdim=True)",
                                               "s = s + p.sum(dim=-1, keepdim=True)"),)),
-    "causal_skip_too_early": Mistake(19, CAUSAL, _all(CAUSAL, "skips key blocks too early"), edits=(
+    "causal_skip_too_early": Mistake(18, CAUSAL, _all(CAUSAL, "skips key blocks too early"), edits=(
         (SKIP, "if causal and j0 >= i0:"),)),
-    "causal_skip_too_late": Mistake(19, CAUSAL, _all(CAUSAL, "past the diagonal without masking"), edits=(
+    "causal_skip_too_late": Mistake(18, CAUSAL, _all(CAUSAL, "past the diagonal without masking"), edits=(
         (SKIP, "if causal and j0 > i0 + block_size:"),)),
-    # Right values from the whole Lq x Lk matrix: only the memory check, measured by the grader, sees it.
-    "tiled_builds_full_matrix": Mistake(19, {"test_tiled_attention_memory"},
-                                        {"test_tiled_attention_memory": "builds (nearly) the whole Lq x Lk"},
+    # Right values from the whole Lq x Lk matrix: only the memory check, measured by the grader, sees it, and
+    # the skip check (its causal weights of 0 meet every value).
+    "tiled_builds_full_matrix": Mistake(19, {"test_tiled_attention_memory", SKIPS},
+                                        {"test_tiled_attention_memory": "builds (nearly) the whole Lq x Lk",
+                                         SKIPS: "reads the key blocks that lie wholly above the diagonal"},
                                         edits=(("    if block_size < 1:\n        raise ValueError(f\"block_size must "
                                                 "be at least 1, got {block_size}\")\n    Lq, d, Lk, dtype",
                                                 NAIVE + "    Lq, d, Lk, dtype"),)),
+    # Blocks above the diagonal read and masked rather than skipped: right values, and the same memory.
+    "tiled_causal_no_skip": Mistake(21, {SKIPS}, {SKIPS: "reads the key blocks that lie wholly above"},
+                                    edits=((SKIP_BLOCK, ""), (DIAGONAL, MASK_EVERY_BLOCK))),
+    "window_no_value_error": Mistake(21.5, {"test_sliding_window_mask_refuses_empty_window"},
+                                     {"test_sliding_window_mask_refuses_empty_window": "must raise a ValueError"},
+                                     edits=(("    if window < 1:\n        raise ValueError("
+                                             "f\"window must be at least 1, got {window}\")\n", ""),)),
     "window_off_by_one": Mistake(19, WINDOW, _all(WINDOW, "off by one"), edits=(
         ("return (offset >= 0) & (offset < window)", "return (offset >= 0) & (offset <= window)"),
         ("return offset.abs() < window", "return offset.abs() <= window"))),

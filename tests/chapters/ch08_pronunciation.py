@@ -18,6 +18,10 @@ BEAM_NORMALISED = {"test_beam_size_one_is_greedy", "test_beam_matches_reference"
 CUT = "batches = [order[start:start + batch_size] for start in range(0, len(order), batch_size)]"
 MASK = "mask = torch.arange(L)[None, :] < torch.tensor([len(seq) for seq in seqs], dtype=torch.long)[:, None]"
 SHUFFLE_BATCHES = "return [batches[j] for j in torch.randperm(len(batches), generator=generator).tolist()]"
+SHUFFLE = "order = torch.randperm(len(lengths), generator=generator).tolist()"
+CELL = "current[j] = min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (a[i - 1] != b[j - 1]))"
+CLIP = "    torch.nn.utils.clip_grad_norm_(model.parameters(), clip)\n"
+NORMALISE = "finished.append((seq, logp / len(seq) ** alpha))"
 
 
 def _all(checks, words):
@@ -38,9 +42,23 @@ MISTAKES = {
                                 {"test_encode_maps_unknown_symbols_to_unk": "raises KeyError"}, edits=(
         ("ids = [vocab.get(symbol, unk) for symbol in symbols]", "ids = [vocab[symbol] for symbol in symbols]"),)),
     # Part 2: True at the padding.
-    "pad_mask_inverted": Mistake(18.5, {"test_pad_batch_matches_reference"},
+    "pad_mask_inverted": Mistake(19, {"test_pad_batch_matches_reference"},
                                  {"test_pad_batch_matches_reference": "mask is inverted"},
                                  edits=((MASK, MASK.replace("] < torch", "] >= torch")),)),
+    # Part 2: the caller's lists padded in place (right ids and mask): the first check of the part that sees
+    # it loses its points (every exercise's rule: a function leaves its arguments as they were).
+    "pad_batch_pads_the_callers_lists": Mistake(19, {"test_pad_batch_matches_reference"},
+                                                {"test_pad_batch_matches_reference": "changed its argument `seqs`"},
+                                                edits=((
+        "    ids = torch.full((len(seqs), L), pad, dtype=torch.long)  # (B, L)\n"
+        "    for i, seq in enumerate(seqs):\n"
+        "        ids[i, :len(seq)] = torch.as_tensor(seq, dtype=torch.long)\n"
+        "    mask = torch.arange(L)[None, :] < torch.tensor([len(seq) for seq in seqs], dtype=torch.long)[:, None]\n",
+        "    lengths = [len(seq) for seq in seqs]\n"
+        "    for seq in seqs:\n"
+        "        seq += [pad] * (L - len(seq))\n"
+        "    ids = torch.tensor(seqs, dtype=torch.long).reshape(len(seqs), L)\n"
+        "    mask = torch.arange(L)[None, :] < torch.tensor(lengths, dtype=torch.long)[:, None]\n"),)),
     # Part 2: only full batches are cut, so the last, smaller one is lost; the other bucketing checks use
     # lengths that fill every batch and lose nothing.
     "bucket_drops_last": Mistake(19, {"test_bucket_batches_is_a_partition"},
@@ -55,6 +73,18 @@ MISTAKES = {
     "bucket_not_shuffled": Mistake(19.5, {"test_bucket_batches_shuffles_the_batches"},
                                    {"test_bucket_batches_shuffles_the_batches": "sorted by length"},
                                    edits=((SHUFFLE_BATCHES, "return batches"),)),
+    # Part 2: no shuffle before the sort: words of one length are always cut into the same batches (only the order
+    # of the batches follows the generator); only the check with many words of each length sees it, under every seed.
+    "bucket_no_shuffle_before_sort": Mistake(
+        19.5, {"test_bucket_batches_shuffles_before_sorting"},
+        {"test_bucket_batches_shuffles_before_sorting": "BEFORE the stable sort"},
+        edits=((SHUFFLE, "order = list(range(len(lengths)))"),)),
+    # Part 2, right: another shuffle drawn from the generator (the spec fixes no draw order), and torch's stable sort.
+    "bucket_other_shuffle_ok": Mistake(20, set(), edits=(
+        (SHUFFLE, "order = torch.rand(len(lengths), generator=generator).argsort().tolist()"),
+        ("order.sort(key=lambda i: lengths[i])  # list.sort is stable",
+         "order = [order[k] for k in torch.sort(torch.tensor([lengths[i] for i in order]), stable=True)[1].tolist()]"),
+    )),
     # Part 3: the first row of D starts at 1: every distance, and so both rates, are off.
     "edit_distance_off_by_one": Mistake(
         16, DISTANCE | RATES, {"test_edit_distance_matches_levenshtein": "wrong first row or column",
@@ -62,6 +92,14 @@ MISTAKES = {
                                "test_error_rates_ties_take_the_first_alternative": "Fix edit_distance first"},
         edits=(("previous = list(range(len(b) + 1))  # row i - 1 of D",
                 "previous = list(range(1, len(b) + 2))  # row i - 1 of D"),)),
+    # Part 3: a swap of two neighbours counted as one edit (the Damerau distance, restricted): the distance check holds
+    # fixed swapped pairs; the error-rate checks draw no pair where it matters, so they pass.
+    "edit_distance_transposition": Mistake(
+        18.5, {"test_edit_distance_matches_levenshtein"},
+        {"test_edit_distance_matches_levenshtein": "swapping two neighbouring symbols as one edit"}, edits=(
+            (CELL, CELL + "\n            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:"
+                          "\n                current[j] = min(current[j], before[j - 2] + 1)"),
+            ("        previous = current\n", "        before, previous = previous, current\n"))),
     # Part 3: PER as the average of the words' rates.
     "per_per_word": Mistake(18, RATES, _all(RATES, "average of per-word rates"), edits=(
         ("errors += distances[best]\n", "errors += distances[best] / len(alternatives[best])\n"),
@@ -80,6 +118,18 @@ MISTAKES = {
     "no_clipping": Mistake(19, {"test_train_step_sgd_step_with_clipping"},
                            {"test_train_step_sgd_step_with_clipping": "not clipped"}, edits=(
         ("    torch.nn.utils.clip_grad_norm_(model.parameters(), clip)\n", ""),)),
+    # Part 4: the gradients clipped entry by entry, not by their total norm (the clipping check's clip is below the
+    # largest entries); the same with a clamp.
+    "clip_by_value": Mistake(19, {"test_train_step_sgd_step_with_clipping"},
+                             {"test_train_step_sgd_step_with_clipping": "clipped entry by entry"}, edits=(
+        (CLIP, CLIP.replace("clip_grad_norm_", "clip_grad_value_")),)),
+    "clip_by_clamp": Mistake(19, {"test_train_step_sgd_step_with_clipping"},
+                             {"test_train_step_sgd_step_with_clipping": "clipped entry by entry"}, edits=(
+        (CLIP, "    for p in model.parameters():\n        p.grad.clamp_(-clip, clip)\n"),)),
+    # Part 4, right: the total norm clipped by hand, without clip_grad_norm_'s 1e-6 in the denominator.
+    "clip_by_hand_ok": Mistake(20, set(), edits=(
+        (CLIP, "    norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters()]))\n"
+               "    for p in model.parameters():\n        p.grad.mul_(min(1.0, clip / norm.item()))\n"),)),
     # Part 4: only the two-step check sees gradients that pile up (each other check makes one step).
     "grads_not_cleared": Mistake(19, {"test_train_step_two_adam_steps"},
                                  {"test_train_step_two_adam_steps": "adds the first step's gradients"}, edits=(
@@ -90,7 +140,11 @@ MISTAKES = {
         ("sos = torch.full_like(tgt[:, :1], SOS)  # (B, 1)", "sos = torch.full((tgt.size(0), 1), SOS)  # (B, 1)"),)),
     # Part 5: the scores are the plain log-probabilities: every check with alpha > 0 sees it.
     "beam_no_length_norm": Mistake(16, BEAM_NORMALISED, _all(BEAM_NORMALISED, "not length-normalised"), edits=(
-        ("finished.append((seq, logp / len(seq) ** alpha))", "finished.append((seq, logp))"),), one_hint=True),
+        (NORMALISE, "finished.append((seq, logp))"),), one_hint=True),
+    # Part 5: the length that normalises leaves EOS out: each check with alpha > 0 draws a model on which this differs
+    # from no normalisation at all (in the beam-1 check, a greedy output of 3 tokens or more ending with EOS).
+    "beam_length_without_eos": Mistake(16, BEAM_NORMALISED, _all(BEAM_NORMALISED, "leaves EOS out"), edits=(
+        (NORMALISE, "finished.append((seq, logp / max(len(seq) - (seq[-1] == EOS), 1) ** alpha))"),), one_hint=True),
     "beam_unsorted": Mistake(16.5, BEAM_POLICY, _all(BEAM_POLICY, "not sorted best first"), edits=(
         ("    finished.sort(key=lambda pair: pair[1], reverse=True)\n", ""),), one_hint=True),
     "beam_too_many": Mistake(16.5, BEAM_POLICY, _all(BEAM_POLICY, "more than beam_size outputs"), edits=(

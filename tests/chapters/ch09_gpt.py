@@ -14,10 +14,12 @@ CACHED = "test_gpt_with_caches_continues_the_positions"
 HF = {"test_load_hf_gpt2_copies_every_weight", "test_load_hf_gpt2_logits_match_transformers",
       "test_load_hf_gpt2_rejects_missing_and_misshapen_keys"}
 HF_LOGITS = "test_load_hf_gpt2_logits_match_transformers"
+TEMPERATURE = "test_sample_temperature_and_generator"
 TOP_K = "test_sample_keeps_exactly_the_top_k"
 TOP_P = "test_sample_keeps_the_token_that_crosses_top_p"
-GENERATE = {"test_generate_greedy_matches_recomputation", "test_generate_samples_rows_in_order_with_the_generator",
-            "test_generate_stops_at_max_len"}
+GREEDY = "test_generate_greedy_matches_recomputation"
+FEEDS = "test_generate_feeds_one_position_a_step"
+GENERATE = {GREEDY, FEEDS, "test_generate_samples_rows_in_order_with_the_generator", "test_generate_stops_at_max_len"}
 # The model's mistakes that every check comparing the model with the reference sees (the cached one too).
 MODEL = {BLOCK, LOGITS, CACHED, HF_LOGITS}
 
@@ -47,7 +49,18 @@ POST_LN = ("        a, cache = self.attn(x, cache)\n"
 RESIDUAL_INIT = ("        for block in self.blocks:  # the residual projections, scaled by depth\n"
                  "            nn.init.normal_(block.attn.proj.weight, mean=0.0, std=0.02 / math.sqrt(2 * n_layers))\n"
                  "            nn.init.normal_(block.mlp.proj.weight, mean=0.0, std=0.02 / math.sqrt(2 * n_layers))\n")
+SAMPLE_CHANGED = {"test_sample_is_greedy_at_temperature_zero", "test_generate_samples_rows_in_order_with_the_generator"}
+CACHE_CHANGED = {CACHED, "test_generate_greedy_matches_recomputation"}
 ROWS = "new = [sample(last[b], temperature, top_k, top_p, generator) for b in range(B)]"
+SPLIT_HEADS = "q, k, v = (t.view(B, T, H, d // H).transpose(1, 2) for t in (q, k, v))"
+MERGE_HEADS = "y = (weights @ v).transpose(1, 2).reshape(B, T, d)"
+TOP_K_MASK = KTH + '\n            logits = logits.masked_fill(logits < kth, float("-inf"))'
+TEMPERATURE_STEP = "    logits = logits / temperature\n"
+DRAW = "    return int(torch.multinomial(probs, 1, generator=generator))"
+NUCLEUS_KEPT = "        probs = probs.masked_fill(~keep, 0.0)\n        probs = probs / probs.sum()\n"
+STABLE_SORT = "sorted_probs, order = torch.sort(probs, descending=True, stable=True)"
+EVAL = "    model.eval()\n    with torch.no_grad():"
+RETURN_IDS = "    return torch.cat(out, dim=1)\n"
 
 
 def _all(checks, words):
@@ -70,6 +83,14 @@ MISTAKES = {
                                                       "test_decode_round_trips_and_checks_ids"},
                                        _all(TRAIN | {ENCODE}, "continue at i + 2"), edits=(
         (MERGE_STEP, MERGE_STEP.replace("i += 2", "i += 1")),)),
+    # Part 1: merge_pair left as the stub, the merging written inline in train_bpe and encode.
+    "merge_pair_left_unwritten": Mistake(19, {"test_train_bpe_ties_and_overlapping_pairs"},
+                                         {"test_train_bpe_ties_and_overlapping_pairs": "merge_pair"}, edits=(
+        ("def merge_pair(ids, pair, new_id):", "def _merged(ids, pair, new_id):"),
+        ("def train_bpe(data, vocab_size):",
+         "def merge_pair(ids, pair, new_id):\n    raise NotImplementedError\n\n\ndef train_bpe(data, vocab_size):"),
+        ("merge_pair(chunks[i], best, new_id)", "_merged(chunks[i], best, new_id)"),
+        ("merge_pair(part, pair, 256 + rank[pair])", "_merged(part, pair, 256 + rank[pair])"))),
     # Part 1: invalid UTF-8 raises.
     "decode_raises_on_invalid_utf8": Mistake(
         19.5, {"test_decode_replaces_invalid_utf8"}, {"test_decode_replaces_invalid_utf8": "raises UnicodeDecodeError"},
@@ -93,6 +114,30 @@ MISTAKES = {
     "positions_not_offset": Mistake(17, {CACHED} | GENERATE,
                                     {CACHED: "do not continue after the cache"} | _all(GENERATE, "fix the model first"),
                                     edits=((POSITIONS, "positions = torch.arange(T, device=ids.device)  # (T,)"),)),
+    # Part 2: the heads split by a reshape straight to (B, H, T, d / H), without the transpose: right for one token
+    # (generation's steps), wrong for several; the model's checks name it, generation's say to fix the model.
+    "heads_split_without_transpose": Mistake(
+        12, MODEL | {ATTN} | GENERATE, _all(MODEL | {ATTN}, "split without the transpose")
+        | _all(GENERATE, "fix the model first"), edits=(
+            (SPLIT_HEADS, "q, k, v = (t.reshape(B, H, T, d // H) for t in (q, k, v))"),)),
+    # Part 2: the heads merged back by a reshape without the transpose.
+    "heads_merged_without_transpose": Mistake(
+        12, MODEL | {ATTN} | GENERATE, _all(MODEL | {ATTN}, "merged back without the transpose")
+        | _all(GENERATE, "fix the model first"), edits=(
+            (MERGE_HEADS, "y = (weights @ v).reshape(B, T, d)"),)),
+    # Part 2: every LayerNorm with eps 1e-6.
+    "layer_norm_eps": Mistake(15, MODEL, _all(MODEL, "another eps"), edits=(
+        ("nn.LayerNorm(d_model)", "nn.LayerNorm(d_model, eps=1e-6)"),)),
+    # Part 2: the attention's dropout on its output (after proj) instead of its weights.
+    "attention_dropout_on_the_output": Mistake(18.5, {BLOCK}, {BLOCK: "not on the attention weights"}, edits=(
+        ("weights = self.drop(F.softmax(scores, dim=-1))", "weights = F.softmax(scores, dim=-1)"),
+        ("return self.proj(y), (k, v)", "return self.drop(self.proj(y)), (k, v)"))),
+    # Part 2: the MLP branch not dropped (charged to the block only, not again to the GPT).
+    "mlp_branch_not_dropped": Mistake(18.5, {BLOCK}, {BLOCK: "not on both residual branches"}, edits=(
+        ("x = x + self.drop(self.mlp(self.ln2(x)))", "x = x + self.mlp(self.ln2(x))"),)),
+    # Part 2: no dropout on the sum of the embeddings.
+    "no_embedding_dropout": Mistake(18.5, {LOGITS}, {LOGITS: "not on the sum of the embeddings"}, edits=(
+        ("x = self.drop(self.tok(ids) + self.pos(positions))", "x = self.tok(ids) + self.pos(positions)"),)),
     # Part 2: the head is a second parameter: right once weights are loaded from a state dict that holds both,
     # wrong after loading GPT-2's, whose lm_head is wte.
     "untied_head": Mistake(18.5, {"test_gpt_has_the_locked_parameters_and_a_tied_head", HF_LOGITS},
@@ -106,6 +151,16 @@ MISTAKES = {
     # Part 3: Conv1D weights copied as they are: the shapes do not fit, and every check of the part fails.
     "conv1d_not_transposed": Mistake(17, HF, _all(HF, "transpose"), edits=(
         (TRANSPOSE, "value = hf_state_dict[key]"),), one_hint=True),
+    # Part 4: a negative temperature accepted (the distribution reversed) instead of a ValueError.
+    "negative_temperature_accepted": Mistake(19.5, {TEMPERATURE}, {TEMPERATURE: "negative temperature"}, edits=(
+        ('    if temperature < 0:\n        raise ValueError(f"temperature must be 0 or more, got {temperature}")\n',
+         ""),)),
+    # Part 4: top-k and top-p on the raw logits, the temperature only on what they kept: top-k alone is the same
+    # (a positive temperature keeps the order), but top-p's nucleus depends on the temperature.
+    "filters_before_temperature": Mistake(19.5, {TEMPERATURE}, {TEMPERATURE: "before the temperature"}, edits=(
+        (TEMPERATURE_STEP, ""),
+        (NUCLEUS_KEPT, '        logits = logits.masked_fill(~keep, float("-inf"))\n'),
+        (DRAW, "    probs = F.softmax(logits / temperature, dim=-1)\n" + DRAW))),
     # Part 4: the temperature divides the probabilities, which renormalising undoes.
     "temperature_after_softmax": Mistake(19, {"test_sample_is_greedy_at_temperature_zero",
                                               "test_sample_temperature_and_generator"},
@@ -119,6 +174,23 @@ MISTAKES = {
     # Part 4: top-k keeps one token fewer.
     "top_k_minus_one": Mistake(19, {TOP_K}, {TOP_K: "keeps only top_k - 1"}, edits=(
         (KTH, "kth = torch.topk(logits, max(top_k - 1, 1)).values[-1]"),)),
+    # Part 4: top-k keeps exactly k indices (torch.topk's), dropping the logits tied with the k-th largest.
+    "top_k_drops_ties": Mistake(19, {TOP_K}, {TOP_K: "tied with the k-th largest"}, edits=(
+        (TOP_K_MASK, "idx = torch.topk(logits, top_k).indices\n"
+                     '            logits = torch.full_like(logits, float("-inf")).scatter(0, idx, logits[idx])'),)),
+    # Part 4: top_k = 0 taken for "no top-k" instead of a ValueError.
+    "top_k_zero_accepted": Mistake(19, {TOP_K}, {TOP_K: "top_k < 1"}, edits=(
+        ('        if top_k < 1:\n            raise ValueError(f"top_k must be at least 1, got {top_k}")\n', ""),
+        ("    if top_k is not None:\n", "    if top_k:\n"))),
+    # Part 4: top-p on the whole distribution, top-k applied to what it kept afterwards.
+    "top_p_before_top_k": Mistake(19, {TOP_P}, {TOP_P: "applies top_p before top_k"}, edits=(
+        (TEMPERATURE_STEP, TEMPERATURE_STEP + "    k_out = torch.zeros_like(logits, dtype=torch.bool)\n"),
+        ('logits = logits.masked_fill(logits < kth, float("-inf"))', "k_out = logits < kth"),
+        (DRAW, "    probs = probs.masked_fill(k_out, 0.0)\n" + DRAW))),
+    # Part 4: ties of top-p's sort go to the highest ids (a descending order made by flipping an ascending one).
+    "top_p_ties_highest_ids_first": Mistake(19, {TOP_P}, {TOP_P: "wrong tokens among equally likely ones"}, edits=(
+        (STABLE_SORT, "sorted_probs, order = torch.sort(probs, stable=True)\n"
+                      "        sorted_probs, order = sorted_probs.flip(0), order.flip(0)"),)),
     # Part 4: the token that crosses top_p is dropped.
     "top_p_drops_the_crossing_token": Mistake(19, {TOP_P}, {TOP_P: "drops the token that crosses top_p"}, edits=(
         (NUCLEUS, "keep_sorted = cumulative < top_p"),)),
@@ -137,8 +209,38 @@ MISTAKES = {
         19.5, {"test_generate_samples_rows_in_order_with_the_generator"},
         {"test_generate_samples_rows_in_order_with_the_generator": "draws the rows in another order"}, edits=(
             (ROWS, ROWS.replace("for b in range(B)]", "for b in reversed(range(B))][::-1]")),)),
+    # Part 4: the caller's logits divided in place (right draws): the first check of each part that sees it
+    # loses its points, here one of sampling's and one of generation's, whose check calls sample itself
+    # (every exercise's rule: a function leaves its arguments as they were).
+    "sample_divides_the_callers_logits": Mistake(19, SAMPLE_CHANGED, _all(SAMPLE_CHANGED, "changed its argument `logits`"),
+                                                 edits=((TEMPERATURE_STEP, "    logits /= temperature\n"),)),
+    # Part 2: the model fills the cache list it was given instead of a new one (right logits and caches): the
+    # first check of each part that passes it caches loses its points (the model's, and generation's).
+    "forward_fills_the_callers_caches": Mistake(
+        18.5, CACHE_CHANGED, _all(CACHE_CHANGED, "changed its argument `caches`"), edits=(
+            ("        new_caches = []\n", "        new_caches = caches if caches else []\n"),
+            ("            new_caches.append(cache)\n",
+             "            if caches:\n                new_caches[i] = cache\n            else:\n"
+             "                new_caches.append(cache)\n"))),
     # Part 5: no model.eval(): dropout stays on.
-    "generate_in_train_mode": Mistake(
-        19, {"test_generate_greedy_matches_recomputation"},
-        {"test_generate_greedy_matches_recomputation": "training mode"}, edits=(("    model.eval()\n", ""),)),
+    "generate_in_train_mode": Mistake(19.5, {GREEDY}, {GREEDY: "runs the model in training mode"}, edits=(
+        ("    model.eval()\n", ""),)),
+    # Part 5, right: the caller's mode restored after generating in eval mode, full marks.
+    "generate_restores_the_callers_mode": Mistake(20, set(), {}, edits=(
+        (EVAL, "    was = model.training\n" + EVAL), (RETURN_IDS, "    model.train(was)\n" + RETURN_IDS))),
+    # Part 5, right: the model called with its ids and caches by name, full marks (the checks note the calls
+    # however they are written).
+    "generate_calls_the_model_by_keyword": Mistake(20, set(), {}, edits=(
+        ("logits, caches = model(ids)  # the prompts, once", "logits, caches = model(ids=ids)  # the prompts, once"),
+        ("logits, caches = model(out[-1], caches)", "logits, caches = model(ids=out[-1], caches=caches)"))),
+    # Part 5: model.train() at the end, whatever the mode the model came in.
+    "generate_ends_in_train_mode": Mistake(19.5, {FEEDS}, {FEEDS: "into training mode"}, edits=(
+        (RETURN_IDS, "    model.train()\n" + RETURN_IDS),)),
+    # Part 5: the whole prefix fed at every step, without the caches: the same tokens, one step's cost each time.
+    "generate_feeds_the_whole_prefix": Mistake(19.5, {FEEDS}, {FEEDS: "not the whole prefix"}, edits=(
+        ("            if step > 0:\n                logits, caches = model(out[-1], caches)",
+         "            if step > 0:\n                logits, caches = model(torch.cat(out, dim=1))"),)),
+    # Part 5: no torch.no_grad(): the model runs with gradients on.
+    "generate_with_gradients": Mistake(19.5, {FEEDS}, {FEEDS: "gradients on"}, edits=(
+        ("    with torch.no_grad():\n        out = [ids]", "    if True:\n        out = [ids]"),)),
 }
