@@ -216,7 +216,8 @@ def report(key: str) -> Report:
 
 
 def _cell(text: str) -> str:
-    return text.replace("|", "\\|")
+    """A sentence as one cell of a Markdown table: a display formula ($$...$$) inline, pipes escaped."""
+    return text.replace("$$", "$").replace("|", "\\|")
 
 
 def markdown(key: str) -> str:

@@ -225,7 +225,7 @@ def _grade(grader, path, monkeypatch):
 def _judge(name, check, use, expect_source):
     assert use.source == expect_source, (name, use)
     if name == "ref":
-        assert check.passed and check.points == 3, (name, check.hint, use)
+        assert check.passed and check.points == check.max_points > 0, (name, check.hint, use)
         return
     assert not check.passed and check.points == 0, (name, use)
     assert "builds (nearly) the whole Lq x Lk" in check.hint, check.hint
