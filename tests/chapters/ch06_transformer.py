@@ -185,4 +185,16 @@ MISTAKES = {
         24, GREEDY_OF_DECODE, _all(GREEDY_OF_DECODE, "one step too few or too many"),
         edits=(("    tokens = []\n    for _ in range(max_len):",
                 "    tokens = []\n    for _ in range(max_len + 1):"),)),
+    # The cached decoder that recomputes the prefix: its tokens are right; what it feeds the decoder is noted.
+    "greedy_cached_recomputes": Mistake(
+        24, {"test_greedy_decode_cached_equals_recomputation"},
+        {"test_greedy_decode_cached_equals_recomputation": "feeds the decoder more than the newest token"}, edits=(
+            ("    y = torch.full((src.size(0),), sos, dtype=torch.long, device=src.device)  # (B,)\n",
+             "    return greedy_decode(model, src, max_len, sos, eos, pad)\n"
+             "    y = torch.full((src.size(0),), sos, dtype=torch.long, device=src.device)  # (B,)\n"),)),
+    # The cached decoder calling decode by keywords, and running finished rows on: right.
+    "greedy_cached_by_keywords": Mistake(26, set(), {}, edits=(
+        ("logits, caches = model.decode(y[:, None], memory, src_mask, None, caches, offset=t)  # (B, 1, V)",
+         "logits, caches = model.decode(tgt_in=y.unsqueeze(1), memory=memory, src_mask=src_mask, caches=caches,\n"
+         "                                      offset=t)  # (B, 1, V)"),)),
 }
