@@ -178,12 +178,23 @@ def test_attention_numpy_matches_reference(learner, reference, rng):
         _attention(learner, reference, "attention_numpy", q, k, v, numpy=True)
 
 
+def _two_sided_mask(rng, shape):
+    """`random_mask` with at least one False in every row as well as one True: inverted (~mask), it still leaves
+    every query a key. An inverted mask then gives the weights of attention under ~mask in every row, and its hint,
+    under every seed: a row that ~mask leaves empty would give NaN (softmax of a row of -inf) or, with a finite
+    fill, the unmasked weights, and the generic hint."""
+    m = random_mask(rng, shape)
+    drop = torch.randint(0, shape[-1], (*shape[:-1], 1), generator=rng)  # a key to mask in the rows with none
+    off = torch.zeros(shape, dtype=torch.bool).scatter(-1, drop, True)
+    return m & ~(off & m.all(-1, keepdim=True))
+
+
 @points(1, part="attention_numpy")
 def test_attention_numpy_mask(learner, reference, rng):
     """With a mask, are the masked weights exactly 0 and the rest right?"""
     q, k, v = _qkv(rng, (2, 3), 4, 6, 8, 5, torch.float64)
     for shape in [(6,), (2, 1, 1, 6), (4, 6)]:
-        mask = random_mask(rng, shape)
+        mask = _two_sided_mask(rng, shape)
         _, w = _attention(learner, reference, "attention_numpy", q, k, v, mask, numpy=True)
         expect(np.all(w[~np.broadcast_to(mask.numpy(), w.shape)] == 0),
                "`attention_numpy`: weights where the mask is False must be exactly 0.")

@@ -20,10 +20,21 @@ otherwise), never reported by the learner's code, on sizes where one full score 
 far larger than honest blocks. The peak is taken against the worker's memory before the
 learner's code was loaded, so what the notebook holds when the call starts (a buffer kept
 since loading or from an earlier call, files in /tmp or /dev/shm, a child process) counts,
-and freeing it inside the call hides nothing. That check pays for any result recognisable as tiled
-attention (right, or a rescaling or scaling mistake, which the value checks already charge),
-so a naive but correct function keeps its value points and loses only these, and a
-tiled function with a rescaling bug loses only the value points.
+and freeing it inside the call hides nothing. That check, and the check of the method below, pay for any
+result recognisable as tiled attention (right, or a rescaling or scaling mistake, which the value
+checks already charge), so a naive but correct function keeps its value points and loses only
+these, and a tiled function with a rescaling bug loses only the value points.
+
+A function that takes, for each block of queries, a plain softmax of its scores against all the keys (or
+against the key blocks' scores concatenated) gives exact values in little memory (a 512 x 16384 block of
+scores is 32 MiB): only the way it computes them shows it. `test_tiled_attention_reads_keys_by_block` runs
+the learner's function once under a torch dispatch mode made in the learner's process (NOTER below), which
+notes the largest tensor that an exp, softmax, logsumexp or max operation meets (and the scores a fused
+attention kernel would hold): with one block of 4 queries and 61 keys (fifteen blocks of 4 and one key), an
+online softmax never meets more than a block of 4 x 4 scores per leading index (a column more where it
+concatenates its running maximum to a block's scores), whatever its way of writing it (all queries at once,
+padded blocks, a logsumexp merge, exp2); the bound is 32. A softmax over all the keys meets 61 scores per
+query row, and 244 per block of queries.
 
 Causal tiled attention must skip the key blocks above the diagonal; that saves time, not
 memory, and its values do not show it (a block processed too early or too late shows in them
@@ -40,8 +51,8 @@ import torch
 import torch.nn.functional as F
 
 from autograder.hidden.support import (DEVICE_ERRORS, HALF, Hint, close, diagnose, expect, expect_device_agnostic,
-                                       points, tensor)
-from autograder.runner import LearnerError, NotImplementedRemote
+                                       method, points, tensor)
+from autograder.runner import LearnerError, NotImplementedRemote, RemoteObject
 
 F32, F64 = torch.float32, torch.float64
 OS, TILED, WINDOW, LINEAR = "online_softmax", "tiled_attention", "sliding_window_mask", "linear_attention"
@@ -63,6 +74,58 @@ UNMEASURED_MEMORY_PAYS = True
 # hiding one whole matrix.
 MEM_L, MEM_D, MEM_BLOCK = 16384, 16, 512
 MEM_BOUND = MEM_L * MEM_L * 4 // 4
+
+# The method check's sizes: one block of queries (REC_LQ = REC_BLOCK) and REC_LK keys, fifteen full key blocks and
+# a short one. An online softmax meets at most REC_BLOCK x REC_BLOCK scores per leading index in an exp, softmax or
+# max operation, or a block and a column more (its running maximum or log-sum-exp concatenated to a block's scores):
+# the bound is two blocks' worth, 32. A softmax over all the keys meets REC_LK = 61 scores per query row, and 244
+# per block of queries.
+REC_BLOCK, REC_LQ, REC_LK, REC_LEAD = 4, 4, 61, (2, 3)
+REC_BOUND = 2 * REC_BLOCK * REC_BLOCK
+
+# Made in the learner's process (a check cannot send a function there): `noted(f, *args, **kwargs)` calls f under a
+# torch dispatch mode and returns (its result, {"largest", "op", "fused"}): the most elements of a tensor that an
+# exp-like, softmax-like or max-like operation read or wrote (for a fused attention kernel, the scores it would
+# hold: queries times keys), that operation's name, and whether a fused attention kernel ran. It changes nothing.
+NOTER = """
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+WATCHED = {"exp", "exp_", "exp2", "exp2_", "expm1", "expm1_", "_softmax", "_log_softmax", "_safe_softmax",
+           "softmax", "log_softmax", "logsumexp", "amax", "max"}
+FUSED = ("scaled_dot_product", "flash_attention", "efficient_attention", "cudnn_attention")
+
+
+class Noted(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.largest, self.op, self.fused = 0, "", False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = str(func.overloadpacket.__name__)
+        found = [t for t in tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor)]
+        n = 0
+        if any(f in name for f in FUSED):
+            self.fused = True
+            if len(found) >= 2 and found[0].dim() >= 2 and found[1].dim() >= 2:
+                n = found[0].numel() // max(found[0].size(-1), 1) * found[1].size(-2)
+        elif name in WATCHED or (name == "pow" and args and not isinstance(args[0], torch.Tensor)):
+            n = max((t.numel() for t in found), default=0)
+        if n > self.largest:
+            self.largest, self.op = int(n), name
+        return out
+
+
+def noted(f, *args, **kwargs):
+    mode = Noted()
+    with mode:
+        out = f(*args, **kwargs)
+    return out, {"largest": mode.largest, "op": mode.op, "fused": mode.fused}
+"""
+# evaluated in the learner's process, with its builtins: NOTER run in a fresh namespace, and its `noted`
+MAKE_NOTER = "(lambda g: (exec(SRC, g), g['noted'])[1])({'__builtins__': __builtins__})"
 
 # Half precision over long inputs. A sum kept in float16 or bfloat16 stops growing once what is added to it
 # falls below half its rounding step: below HALF_STEP of a sum near 1. The long checks' scores put each row's
@@ -135,6 +198,20 @@ T_NO_SKIP = ("Causal `tiled_attention` reads the key blocks that lie wholly abov
              "Values there must not reach the earlier queries at all (a NaN value does, as 0 * NaN).")
 T_MEMORY_WRONG = ("`tiled_attention`'s memory is judged only when its result is attention: it is neither right "
                   "nor a recognisable rescaling or scaling mistake on a long input. Fix the value checks first.")
+
+T_PLAIN_SOFTMAX = ("`tiled_attention` takes a plain softmax over all the keys at once: for a block of queries it "
+                   "holds the scores against every key (computed at once, or the key blocks' scores concatenated) "
+                   "and normalises them together. Read the keys one block of block_size at a time and keep, per "
+                   "query row, the running maximum m, sum s and output o, rescaled by exp(m_old - m_new) for each "
+                   "new key block: only an (n_q, n_k) block of scores may exist at a time.")
+T_PLAIN_FUSED = ("`tiled_attention` hands a block of queries and all the keys to F.scaled_dot_product_attention: "
+                 "that is PyTorch's attention, not yours. Read the keys one block of block_size at a time and keep, "
+                 "per query row, the running maximum m, sum s and output o, rescaled by exp(m_old - m_new) for each "
+                 "new key block.")
+T_METHOD_WRONG = ("`tiled_attention`'s way of computing is judged only when its result is attention: it is neither "
+                  "right nor a recognisable rescaling or scaling mistake. Fix the value checks first.")
+NOTES_GONE = ("The checks could not note the operations of `tiled_attention` in the notebook's process: do not "
+              "rebind torch, nor Python's own builtins.")
 
 W_GENERIC = ("`sliding_window_mask` must be True where 0 <= i - j < window (causal) or |i - j| < window "
              "(not causal), with i the row (query) and j the column (key), shaped (size, size).")
@@ -454,7 +531,51 @@ def test_tiled_attention_causal_skips_future_blocks(learner, reference, rng):
     expect(close(early, expected.float()), T_GENERIC)
 
 
-@points(2, part="tiled_attention")
+def _recognised_tiled(got, q, k, v, block_size):
+    """Whether `got` (float32) is tiled attention on q, k, v (float32, not causal), or one of its rescaling or
+    scaling mistakes: what the checks of the method and the memory judge."""
+    if close(got, _exact(q, k, v).float()):
+        return True
+    blocks = [lambda: _tiled(q, k, v, block_size, rescale_out=False),
+              lambda: _tiled(q, k, v, block_size, rescale_sum=False),
+              lambda: _tiled(q, k, v, block_size, scale=False)]
+    return any(_same(F32)(got, make()) for make in blocks)
+
+
+def _noter(learner):
+    """`noted` (see NOTER), made in the learner's process, as a handle."""
+    builtins = learner.attribute("torch", "builtins")
+    expect(isinstance(builtins, RemoteObject), NOTES_GONE)
+    made = method(builtins, "eval", "builtins")(MAKE_NOTER, {"__builtins__": builtins, "SRC": NOTER})
+    expect(isinstance(made, RemoteObject), NOTES_GONE)
+    return made
+
+
+@points(1, part="tiled_attention")
+def test_tiled_attention_reads_keys_by_block(learner, reference, rng):
+    """Does tiled_attention read the keys one block at a time (the online softmax), never normalising a block of
+    queries' scores against all the keys at once?"""
+    q, k, v = _qkv(rng, REC_LEAD, REC_LQ, REC_LK, 8, 5)
+    got = tensor(learner.tiled_attention(q, k, v, block_size=REC_BLOCK), TILED, shape=(*REC_LEAD, REC_LQ, 5),
+                 dtype=F32)
+    expect(_recognised_tiled(got, q, k, v, REC_BLOCK), T_METHOD_WRONG)
+    noted = _noter(learner)
+    function = learner.attribute(TILED, "__call__")
+    expect(isinstance(function, RemoteObject), NOTES_GONE)
+    try:
+        reply = noted(function, q, k, v, block_size=REC_BLOCK)
+    except (LearnerError, NotImplementedRemote):
+        return  # it ran without the dispatch mode and not under it: what it does cannot be seen, no verdict
+    expect(isinstance(reply, (tuple, list)) and len(reply) == 2 and isinstance(reply[1], dict), NOTES_GONE)
+    notes = reply[1]
+    expect(set(notes) == {"largest", "op", "fused"} and type(notes["largest"]) is int
+           and type(notes["op"]) is str and type(notes["fused"]) is bool, NOTES_GONE)
+    per_index = notes["largest"] / math.prod(REC_LEAD)
+    fused = notes["fused"] or notes["op"] == "_safe_softmax"  # (the math kernel of F.scaled_dot_product_attention)
+    expect(per_index <= REC_BOUND, T_PLAIN_FUSED if fused else T_PLAIN_SOFTMAX)
+
+
+@points(1, part="tiled_attention")
 def test_tiled_attention_memory(learner, reference, rng):
     """Does tiled_attention never hold the whole Lq x Lk score matrix (its peak memory, measured by the grader)?"""
     q, k, v = _qkv(rng, (1,), MEM_L, MEM_L, MEM_D, MEM_D)

@@ -6,6 +6,7 @@ KEY = "03_qkv"
 SDPA_SCORES = "scores = q @ k.transpose(-2, -1) / math.sqrt(d_k)"
 SDPA_FILL = "scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)"
 SDPA_ZERO = "weights = weights.masked_fill(~mask, 0.0)"
+NUMPY_MASK = "scores = np.where(mask, scores, -np.inf)"
 ALL_SDPA = {
     "test_sdpa_matches_reference_3d", "test_sdpa_heads_and_dtypes", "test_sdpa_half_precision",
     "test_sdpa_matches_pytorch", "test_sdpa_rows_sum_to_one", "test_sdpa_masked_weights_are_zero",
@@ -76,6 +77,13 @@ MISTAKES = {
     # the masked positions, so no NaN reaches q or k.
     "minus_inf_masked_fill_ok": Mistake(26, set(), edits=(
         (SDPA_FILL, 'scores = scores.masked_fill(~mask, float("-inf"))'), SOFTMAX_NAN_TO_NUM)),
+    # attention_numpy with its mask inverted (True taken as "masked"): the mask check names it under every seed, its
+    # masks leaving every query a key either way round; with -inf or with a large finite penalty.
+    "numpy_inverted_mask": Mistake(25, {"test_attention_numpy_mask"}, {"test_attention_numpy_mask": "mask is inverted"},
+                                   edits=((NUMPY_MASK, "scores = np.where(mask, -np.inf, scores)"),)),
+    "numpy_inverted_mask_finite": Mistake(25, {"test_attention_numpy_mask"},
+                                          {"test_attention_numpy_mask": "mask is inverted"},
+                                          edits=((NUMPY_MASK, "scores = scores - 1e9 * mask"),)),
     # attention_numpy with an exp of its own instead of the stable softmax: right until the scores pass 709.
     "numpy_unstable_softmax": Mistake(
         25, {"test_attention_numpy_rows_sum_to_one"}, {"test_attention_numpy_rows_sum_to_one": "stable softmax"},

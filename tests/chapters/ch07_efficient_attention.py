@@ -11,6 +11,8 @@ TILED_VALUES = {"test_tiled_attention_matches_exact", "test_tiled_attention_caus
 CAUSAL = {"test_tiled_attention_causal", "test_tiled_attention_dtypes_and_devices",
           "test_tiled_attention_causal_skips_future_blocks"}
 SKIPS = "test_tiled_attention_causal_skips_future_blocks"
+BY_BLOCK = "test_tiled_attention_reads_keys_by_block"
+MEMORY = "test_tiled_attention_memory"
 WINDOW = {"test_sliding_window_mask_matches_definition", "test_sliding_window_mask_refuses_empty_window",
           "test_sliding_window_mask_device"}
 LINEAR = {"test_linear_attention_matches_reference", "test_linear_attention_causal",
@@ -33,6 +35,52 @@ NAIVE = ("    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (..., 
          "        future = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool, device=q.device).triu(1)\n"
          "        scores = scores.masked_fill(future, -math.inf)\n"
          "    return torch.softmax(scores, dim=-1) @ v\n")
+
+# Plain softmax over all the keys, a block of queries at a time: right values in little memory (a 512 x 16384 block of
+# scores is 32 MiB), and the keys of a causal block sliced up to its last query, so no future key block is read.
+QUERY_BLOCK = "        qb = q[..., i0:i1, :]  # (..., nq, d)\n"
+ALL_KEYS = ("        keys = min(i1, Lk) if causal else Lk  # the keys this query block may see\n"
+            "        scores = qb @ kT[..., :keys]  # (..., nq, keys)\n"
+            "        if causal:\n"
+            "            future = torch.ones(i1 - i0, keys, dtype=torch.bool, device=q.device).triu(i0 + 1)\n"
+            "            scores = scores.masked_fill(future, -math.inf)\n")
+PLAIN_SOFTMAX = QUERY_BLOCK + ALL_KEYS + ("        out.append(torch.softmax(scores, dim=-1) @ v[..., :keys, :])\n"
+                                          "        continue\n")
+# the same, its softmax written out: the maximum and the sum taken over all the keys at once
+PLAIN_EXP = QUERY_BLOCK + ALL_KEYS + ("        p = (scores - scores.amax(dim=-1, keepdim=True)).exp_()\n"
+                                      "        out.append((p @ v[..., :keys, :]) / p.sum(dim=-1, keepdim=True))\n"
+                                      "        continue\n")
+RUNNING_OUT = "        o = q.new_zeros((*batch, i1 - i0, v.size(-1)))  # (..., nq, d_v) running output\n"
+UPDATE = ("            # Every row has a finite score in its first key block (key 0 is never masked), "
+          "so m_new is finite.\n"
+          "            m_new = torch.maximum(m, scores.amax(dim=-1, keepdim=True))\n"
+          "            alpha = torch.exp(m - m_new)  # (..., nq, 1) rescales what was summed under the old maximum\n"
+          "            p = torch.exp(scores - m_new)  # (..., nq, nk)\n"
+          "            s = s * alpha + p.sum(dim=-1, keepdim=True)\n"
+          "            o = o * alpha + p @ v[..., j0:j1, :]\n"
+          "            m = m_new\n")
+# The key blocks' scores kept and concatenated, then one softmax over them all.
+CONCATENATED = ((RUNNING_OUT, RUNNING_OUT + "        parts = []\n"), (UPDATE, "            parts.append(scores)\n"),
+                ("        out.append(o / s)\n",
+                 "        scores = torch.cat(parts, dim=-1)  # (..., nq, keys read)\n"
+                 "        del parts\n"
+                 "        out.append(torch.softmax(scores, dim=-1) @ v[..., :scores.size(-1), :])\n"))
+# A correct online softmax written another way: each key block's softmax merged into the running one through the
+# log-sum-exps (m holds the running log-sum-exp, o the running output already normalised).
+LSE_MERGE = ((UPDATE, "            block_lse = torch.logsumexp(scores, dim=-1, keepdim=True)  # (..., nq, 1)\n"
+                      "            new_lse = torch.logaddexp(m, block_lse)\n"
+                      "            o = (o * torch.exp(m - new_lse)\n"
+                      "                 + torch.softmax(scores, dim=-1) @ v[..., j0:j1, :]\n"
+                      "                 * torch.exp(block_lse - new_lse))\n"
+                      "            m = new_lse\n"),
+             ("        out.append(o / s)\n", "        out.append(o)\n"))
+# PyTorch's attention on the whole inputs: its CPU kernel in float32 (math) holds the whole score matrix, and reads
+# every key block for a causal call.
+SDPA = ("    work = torch.float32 if q.dtype in HALF else q.dtype\n"
+        "    out = F.scaled_dot_product_attention(q.to(work), k.to(work), v.to(work), is_causal=causal)\n"
+        "    return out.to(q.dtype)\n")
+START = ("    if block_size < 1:\n        raise ValueError(f\"block_size must be at least 1, got {block_size}\")\n"
+         "    Lq, d, Lk, dtype")
 
 
 def _all(checks, words):
@@ -58,14 +106,29 @@ MISTAKES = {
         (SKIP, "if causal and j0 >= i0:"),)),
     "causal_skip_too_late": Mistake(18, CAUSAL, _all(CAUSAL, "past the diagonal without masking"), edits=(
         (SKIP, "if causal and j0 > i0 + block_size:"),)),
-    # Right values from the whole Lq x Lk matrix: only the memory check, measured by the grader, sees it, and
-    # the skip check (its causal weights of 0 meet every value).
-    "tiled_builds_full_matrix": Mistake(19, {"test_tiled_attention_memory", SKIPS},
-                                        {"test_tiled_attention_memory": "builds (nearly) the whole Lq x Lk",
-                                         SKIPS: "reads the key blocks that lie wholly above the diagonal"},
-                                        edits=(("    if block_size < 1:\n        raise ValueError(f\"block_size must "
-                                                "be at least 1, got {block_size}\")\n    Lq, d, Lk, dtype",
-                                                NAIVE + "    Lq, d, Lk, dtype"),)),
+    # Right values from the whole Lq x Lk matrix: the memory check, measured by the grader, sees it, the skip check
+    # (its causal weights of 0 meet every value) and the method check (a softmax over all the keys at once).
+    "tiled_builds_full_matrix": Mistake(19, {MEMORY, SKIPS, BY_BLOCK},
+                                        {MEMORY: "builds (nearly) the whole Lq x Lk",
+                                         SKIPS: "reads the key blocks that lie wholly above the diagonal",
+                                         BY_BLOCK: "takes a plain softmax over all the keys at once"},
+                                        edits=((START, NAIVE + "    Lq, d, Lk, dtype"),)),
+    # A plain softmax of each query block's scores against all the keys: right values, in little memory, reading no
+    # future key block; only the method check sees it, whichever way the softmax or the scores are written.
+    "tiled_plain_softmax_per_query_block": Mistake(21, {BY_BLOCK},
+                                                   {BY_BLOCK: "takes a plain softmax over all the keys"},
+                                                   edits=((QUERY_BLOCK, PLAIN_SOFTMAX),)),
+    "tiled_plain_softmax_written_out": Mistake(21, {BY_BLOCK}, {BY_BLOCK: "takes a plain softmax over all the keys"},
+                                               edits=((QUERY_BLOCK, PLAIN_EXP),)),
+    "tiled_key_blocks_concatenated": Mistake(21, {BY_BLOCK}, {BY_BLOCK: "the key blocks' scores concatenated"},
+                                             edits=CONCATENATED),
+    "tiled_calls_pytorch_attention": Mistake(19, {MEMORY, SKIPS, BY_BLOCK},
+                                             {BY_BLOCK: "hands a block of queries and all the keys to "
+                                                        "F.scaled_dot_product_attention",
+                                              MEMORY: "builds (nearly) the whole Lq x Lk"},
+                                             edits=((START, SDPA + "    Lq, d, Lk, dtype"),)),
+    # The online softmax merged through log-sum-exps (a softmax of each key block): full marks.
+    "tiled_logsumexp_merge_correct": Mistake(22, set(), {}, edits=LSE_MERGE),
     # Blocks above the diagonal read and masked rather than skipped: right values, and the same memory.
     "tiled_causal_no_skip": Mistake(21, {SKIPS}, {SKIPS: "reads the key blocks that lie wholly above"},
                                     edits=((SKIP_BLOCK, ""), (DIAGONAL, MASK_EVERY_BLOCK))),
