@@ -79,11 +79,13 @@ def _names(names: list[str]) -> str:
     return quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " and " + quoted[-1]
 
 
-def not_checked(result: Result, part_titles: dict | None = None) -> list[str]:
+def not_checked(result: Result, part_titles: dict | None = None, unrun=()) -> list[str]:
     """What the report could not check, one sentence each: the parts not attempted yet (every check
     of the part stopped at a definition that still raises NotImplementedError), then each definition
     the notebook lacks. `part_titles` names a part as the notebook does ("Part 3 (attention in
-    PyTorch)"); parts under one heading share a line."""
+    PyTorch)"); parts under one heading share a line. `unrun`: the names that the notebook defines
+    and a kernel has not run (check() in a notebook): those missing are said together, as cells to
+    run, not as definitions to write."""
     titles = part_titles or {}
     stubs: dict[str, list[str]] = {}  # the heading of a part not attempted -> its stubs
     for part in result.parts:
@@ -102,16 +104,26 @@ def not_checked(result: Result, part_titles: dict | None = None) -> list[str]:
             title = titles.get(c.part, c.part)
             if title not in where:
                 where.append(title)
+    unrun = set(unrun)
     lines += [f"Not checked: `{name}` is not defined in your notebook (needed by {', '.join(where)}); "
-              "check its name, and that its cell ran without an error." for name, where in missing.items()]
+              "check its name, and that its cell ran without an error." for name, where in missing.items()
+              if name not in unrun]
+    not_run = [name for name in missing if name in unrun]
+    if not_run:
+        where = list(dict.fromkeys(w for name in not_run for w in missing[name]))
+        one = len(not_run) == 1
+        lines.append(f"Not checked: {_names(not_run)} (needed by {', '.join(where)}) {'is' if one else 'are'} in "
+                     f"your notebook but {'has' if one else 'have'} not run in this kernel: run "
+                     f"{'its cell' if one else 'their cells'} (Run All stops at the first cell that fails: fix or "
+                     "skip that cell, then run the cells below it).")
     return lines
 
 
 def format_text(result: Result, with_student: bool = False, limits: Limits = DEFAULT, *,
-                part_titles: dict | None = None, replay: str | None = None) -> str:
+                part_titles: dict | None = None, replay: str | None = None, unrun=()) -> str:
     """The text report of `check` (and of `check()` in a notebook). `part_titles`: part -> how the
     notebook names it, for the lines on what could not be checked; `replay`: how to replay the
-    checks' seed (default: the command line's `--seed S`)."""
+    checks' seed (default: the command line's `--seed S`); `unrun`: see `not_checked`."""
     result = bounded(result, limits)
     lines = []
     who = f" ({result.student})" if with_student and result.student else ""
@@ -129,7 +141,7 @@ def format_text(result: Result, with_student: bool = False, limits: Limits = DEF
             if hint and not checks[0].missing:  # a missing definition is said once, under "Not checked"
                 lines.append(f"        hint{f' (the {len(checks)} checks above)' if len(checks) > 1 else ''}: {hint}")
     lines.append(f"  {'total':<{width}}  {_num(result.score)} / {_num(result.max_score)}")
-    lines += [f"  {line}" for line in not_checked(result, part_titles)]
+    lines += [f"  {line}" for line in not_checked(result, part_titles, unrun)]
     if result.status == GRADER_ERROR:
         lines.append(f"  GRADER ERROR: {result.error}")
     for note in result.notes:

@@ -38,7 +38,7 @@ import torch
 from .assignments import Assignment
 from .device_check import plain_checks_without_symbolic_shapes
 from .hidden.support import Hint, Points
-from .learner_errors import gpu_hint
+from .learner_errors import gpu_hint, split_place
 from .limits import DEFAULT, Limits
 from .notebook import (NotebookError, ParsedNotebook, audit_cells, cap, code_cells, read_notebook,
                        reference_cells)
@@ -149,14 +149,23 @@ def hint_for(exc: BaseException) -> str:
 
 def load_notes(errors: list[dict]) -> list[str]:
     """The notes on errors raised while the notebook's top level was loaded, one per error ("cell 3,
-    line 2: ..."); PyTorch's error for a GPU this machine lacks is said once, as advice."""
+    line 2: ..."); PyTorch's error for a GPU this machine lacks is said once, as advice.
+
+    Each note names a place once: the worker appends to an error the place in the learner's code
+    where it was raised, which is most often the statement's own (the note's first words), and is
+    then not said again. Raised elsewhere (in a function defined in another cell, or further down
+    in the cell, called by this statement), both places are said."""
     notes, gpu_said = [], False
     for e in errors:
-        gpu = gpu_hint("your code", e["error"], place=False)
+        place, error = f"{e['cell']}, line {e['line']}", e["error"]
+        text, where = split_place(error)
+        if where == place:
+            error = text
+        gpu = gpu_hint("your code", error, place=False)
         if gpu and gpu_said:
             gpu = "asks for a GPU as well (see above)"
         gpu_said = gpu_said or bool(gpu)
-        notes.append(f"{e['cell']}, line {e['line']}: {gpu or e['error']}")
+        notes.append(f"{place}: {gpu or error}")
     return notes
 
 

@@ -32,6 +32,10 @@ Which history entries are graded, in execution order (`history_cells`):
 Each entry is labelled ``In [n]``, as the learner sees it beside the cell; the command line
 labels a cell ``cell N (grade_id)`` by its place in the file. Hints that name a place in the
 learner's code differ by that label only.
+
+A definition the checks need that the exercise's notebook holds but that no entry defines, nor
+any entry of a cell below it (`not_run`: Run All stopped at a failing cell above it, or it was never
+run), is reported as a cell to run in this kernel, not as a definition missing from the notebook.
 """
 
 from __future__ import annotations
@@ -76,8 +80,16 @@ class Exercise:
     tests: set = field(default_factory=set)         # visible-test cell sources (trailing newlines cut)
     sources: set = field(default_factory=set)       # every code cell's source, for recognising the exercise
     solutions: list = field(default_factory=list)   # per solution cell, the functions and classes it defines
+    # every code cell in order, as (source, trailing newlines cut; the names it binds at its top level, none
+    # for a visible test): where a definition stands, and which cells below it a kernel has run
+    code: list = field(default_factory=list)
     parts: list = field(default_factory=list)       # part ids (test_<part>), in notebook order
     headings: list = field(default_factory=list)    # (number, title, [part ids]) of each "## Part N: title"
+
+    @property
+    def defined(self) -> set:
+        """Every name a code cell other than a visible test binds at its top level."""
+        return set().union(*(names for _, names in self.code))
 
     @property
     def titles(self) -> dict:
@@ -118,14 +130,16 @@ def exercise(assignment) -> Exercise:
         ex.sources.add(source.rstrip("\n"))
         gid = _nbgrader(cell).get("grade_id")
         if is_test_cell(cell):
+            ex.code.append((source.rstrip("\n"), frozenset()))
             ex.tests.add(source.rstrip("\n"))
             if isinstance(gid, str) and gid.startswith("test_"):
                 ex.parts.append(gid[len("test_"):])
                 if heading is not None:
                     heading[2].append(gid[len("test_"):])
-        elif _nbgrader(cell).get("solution"):
+        else:
             tree = _parse(source)
-            names = _defined(tree) if tree is not None else set()
+            ex.code.append((source.rstrip("\n"), frozenset(_top_names(tree))))
+            names = _defined(tree) if tree is not None and _nbgrader(cell).get("solution") else set()
             if names:
                 ex.solutions.append(names)
     return ex
@@ -163,6 +177,55 @@ def _parse(source: str) -> ast.Module | None:
 def _defined(tree: ast.Module) -> set[str]:
     """The functions and classes a cell defines at its top level."""
     return {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+
+
+def _top_names(tree: ast.Module | None) -> set[str]:
+    """Every plain name the worker's statements of `tree` bind (functions, classes, imports, the names
+    an assignment's targets hold), whatever else they do; none when it cannot be parsed."""
+    names: set[str] = set()
+    for node in tree.body if tree is not None else ():
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Import):
+            names |= {a.asname or a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            names |= {a.asname or a.name for a in node.names if a.name != "*"}
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {sub.id for t in targets for sub in ast.walk(t) if isinstance(sub, ast.Name)}
+    return names
+
+
+def _definition_re(name: str) -> re.Pattern:
+    """A line that defines `name` (def, class) or assigns it at the top level."""
+    n = re.escape(name)
+    return re.compile(rf"^[ \t]*(?:async[ \t]+def|def|class)[ \t]+{n}\b|^{n}[ \t]*(?::|=(?!=))", re.MULTILINE)
+
+
+def not_run(entries, ex: Exercise) -> tuple[str, ...]:
+    """The names the exercise's notebook `ex` defines whose cells have not run in this kernel (Run All
+    stopped above them, or they were never run): no entry of the kernel's history `entries` defines
+    them, and no entry is a cell of the exercise that stands below where they are defined (its
+    visible test, as a rule, which learners leave as it is). A name the kernel went past is missing
+    for another reason (renamed, or its cell failed), which the report says as it always did.
+
+    An entry that cannot be parsed (a syntax error) counts as defining a name that a line of it
+    defines or assigns at its start, so that its error, not its running, is what is said."""
+    ran = {str(source).rstrip("\n") for _, source in entries}
+    # the last cell of the exercise the kernel ran as it is: every definition above it was gone past
+    last = max((i for i, (source, _) in enumerate(ex.code) if source in ran), default=-1)
+    left = {n for i, (_, names) in enumerate(ex.code) if i >= last for n in names}
+    left -= {n for i, (_, names) in enumerate(ex.code) if i < last for n in names}
+    for _, source in entries:
+        if not left:
+            break
+        source = str(source)
+        tree = _parse(source)
+        if tree is not None:
+            left -= _top_names(tree)
+        else:
+            left = {n for n in left if not _definition_re(n).search(source)}
+    return tuple(sorted(left))
 
 
 def _binds(tree: ast.Module | None) -> set[str] | None:
@@ -300,6 +363,7 @@ class Plan:
     parts: list | None
     titles: dict
     numbers: tuple = ()  # the execution counts of the entries graded, in order
+    unrun: tuple = ()  # the names the exercise's notebook defines whose cells this kernel has not run (`not_run`)
 
     @property
     def label(self) -> str:
@@ -339,7 +403,8 @@ def plan_check(entries, part=None, assignment: str | None = None) -> Plan:
     if not cells:
         raise CheckRefused(f"This kernel has run none of the code of exercise {ex.key} yet: run its cells "
                            "(Run All, or each cell in order), then check() again.")
-    return Plan(ex.key, cells, parts, ex.titles, tuple(int(c["label"][4:-1]) for c in cells))
+    return Plan(ex.key, cells, parts, ex.titles, tuple(int(c["label"][4:-1]) for c in cells),
+                not_run(entries, ex))
 
 
 # --- grading, in a process of its own --------------------------------------------------------
@@ -358,7 +423,7 @@ def grade_plan(plan: Plan, seed: int, replay: str = "") -> dict:
     root = Path(__file__).resolve().parent.parent
     request = json.dumps({"assignment": plan.key, "cells": plan.cells, "parts": plan.parts, "seed": seed,
                           "titles": plan.titles, "replay": replay,
-                          "label": plan.label})
+                          "label": plan.label, "unrun": list(plan.unrun)})
     fd, log = tempfile.mkstemp(prefix="attention-course-check-", suffix=".log")
     keep_log = True
     try:
@@ -463,7 +528,8 @@ def _grade_request(req: dict) -> dict:
         early.close()
         raise
     result = grader.grade(req["label"], seed=req["seed"], submission=early, parts=req["parts"], cells=req["cells"])
-    text = format_text(result, limits=grader.limits, part_titles=req["titles"], replay=req["replay"] or None)
+    text = format_text(result, limits=grader.limits, part_titles=req["titles"], replay=req["replay"] or None,
+                       unrun=req.get("unrun") or ())
     return {"result": bounded(result, grader.limits).to_dict(), "text": text}
 
 

@@ -107,6 +107,13 @@ GPU_ADVICE = ("pick the device with `torch.device('cuda' if torch.cuda.is_availa
               "or take it from the inputs (`x.device`)")
 
 
+def split_place(message: str) -> tuple[str, str | None]:
+    """`message` without the place the worker appended to it (" (cell 10 (softmax), line 2)"), and
+    that place ("cell 10 (softmax), line 2"); the message as it is and None when it names none."""
+    m = _WHERE.search(message)
+    return (message[: m.start()], m.group(1)) if m else (message, None)
+
+
 def asks_for_missing_gpu(message: str) -> str | None:
     """The device ('cuda', 'xpu') when `message` is PyTorch's error for a GPU this machine does not
     have; None for any other message."""
@@ -129,4 +136,4 @@ def gpu_hint(who: str, message: str, *, place: bool = True) -> str | None:
     return (f"{who} asks for a GPU ({device!r}){at}, which this machine does not have: {GPU_ADVICE}.")
 
 
-__all__ = ["stack_problem", "asks_for_missing_gpu", "gpu_hint", "GPU_ADVICE"]
+__all__ = ["stack_problem", "asks_for_missing_gpu", "gpu_hint", "split_place", "GPU_ADVICE"]

@@ -114,11 +114,14 @@ def _checks_text(part: str, result, limits: Limits) -> str:
         if c.part != part:
             continue
         mark = "passed" if c.passed else ("GRADER ERROR" if c.grader_error else "FAILED")
-        lines.append(f"  [{mark}] {safe(c.title, limits.hint_chars)} ({c.points:g} / {c.max_points:g})")
+        # a check's title is ours (its docstring), never cut below what its own line shows: the line that
+        # points to it names it as that line does
+        title = safe(c.title, limits.hint_chars)
+        lines.append(f"  [{mark}] {title} ({c.points:g} / {c.max_points:g})")
         if not c.passed and c.hint and c.hint in first:
             lines.append(f"      hint: the same as for \"{first[c.hint]}\" above")
         elif not c.passed and c.hint:
-            first[c.hint] = safe(c.title, 80)
+            first[c.hint] = title
             lines.append(f"      hint: {safe(c.hint, limits.hint_chars)}")
     if result.status != "graded":
         lines.append(f"Not graded ({safe(result.status, 40)}): {safe(result.error, limits.error_chars)}")

@@ -162,6 +162,28 @@ def statements(cells: list) -> tuple[list[dict], list[str]]:
     return out, notes
 
 
+def course_module():
+    """The course's package as a notebook loaded here sees it: the learner's own check cell
+    (``from autograder import check; check()``, ``import autograder; autograder.check("part 3")``,
+    ``r = check()``) runs without an error, and check() does nothing, as the package's own check()
+    does in a grading worker (and `check()` alone, an expression, is not even run). Nothing else of
+    the package is here: any other use of it is the learner's code, and its error is reported.
+
+    The sandbox holds no copy of the package, so without this every learner who checks from a cell,
+    as the notebook tells them to, got a note that `autograder` cannot be imported."""
+    import types
+
+    module = types.ModuleType("autograder", "The course's package, as a grading worker offers it: check() only.")
+
+    def check(part=None, *, assignment=None, seed=None):
+        """In a grading worker, check() does nothing (autograder.check's signature)."""
+        return None
+
+    check.__module__ = "autograder"
+    module.check = check
+    return module
+
+
 class _Reply(Exception):
     def __init__(self, kind: str, etype: str, message: str):
         self.kind, self.etype, self.message = kind, etype, message
@@ -236,6 +258,10 @@ class Worker:
             # meets the same kind of seed, not the load's.
             sys.modules["torch"].seed()
         todo, notes = statements(req["cells"])
+        # the course's package for the learner's check cell, unless the real one was imported (a test
+        # that runs the worker in its own process); where the course is installed, whether it is
+        # importable or not (the sandbox), the notebook meets the same module
+        sys.modules.setdefault("autograder", course_module())
         errors = []
         for st in todo:
             code_text = "\n" * (st["line"] - 1) + st["source"]

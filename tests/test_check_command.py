@@ -90,15 +90,58 @@ def _sandbox_problem() -> str:
     return ""
 
 
+CHECK_CELL = "from autograder import check; check()"  # what every notebook's instructions tell the learner to add
+
+
 def test_sandboxed_check_gives_the_same_marks(tmp_path):
-    """`check --sandbox` probes the sandbox while its worker starts, then grades as usual."""
+    """`check --sandbox` probes the sandbox while its worker starts, then grades as usual; the learner's own
+    check cell (the sandbox has no copy of the course's package) costs nothing and says nothing."""
     problem = _sandbox_problem()
     if problem:
         pytest.skip(problem)
-    from conftest import run_json
+    from conftest import add_cell, run_json
 
-    data = run_json("check", "--sandbox", str(write(reference_notebook(KEY), tmp_path / "ref.ipynb")))
+    nb = add_cell(reference_notebook(KEY), CHECK_CELL)
+    data = run_json("check", "--sandbox", str(write(nb, tmp_path / "ref.ipynb")))
     assert data["score"] == data["max_score"] == 26 and data["sandboxed"] is True
+    assert data["notes"] == []
+
+
+# The course's check as a learner writes it: each cell runs without an error where the package offers
+# check() only (a grading worker), and check() does nothing there (the worker skips expressions anyway).
+CHECK_CELLS = [CHECK_CELL, "from autograder import check\ncheck('part 3')", "import autograder\nautograder.check()",
+               "import autograder as ag\nr = ag.check('part 1', seed=3)", "from autograder import check as c\nr2 = c()",
+               "%run -m autograder check\n!python -m autograder check mine.ipynb"]
+# Anything else of the package is the learner's code (not the course's check), and its error is said.
+OTHER_USES = {"from autograder import grade": "ImportError: cannot import name 'grade' from 'autograder'",
+              "import autograder.in_notebook": "ModuleNotFoundError: No module named 'autograder.in_notebook'",
+              "r3 = check('part 1', '03_qkv')": "TypeError: "}
+
+
+def test_the_check_cell_runs_without_an_error_in_a_worker(monkeypatch):
+    """In a worker where the course's package cannot be imported (the sandbox), the learner's check cells load
+    without an error and bind what they bind in a kernel (check() returning None); any other use of the package
+    is an error of the learner's code, reported where it is."""
+    import inspect
+
+    import autograder
+    from autograder import worker
+
+    def params(fn):
+        return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]
+
+    assert params(worker.course_module().check) == params(autograder.check)  # what a call may pass, alike
+    for name in [n for n in sys.modules if n == "autograder" or n.startswith("autograder.")]:
+        monkeypatch.delitem(sys.modules, name)  # as in the sandbox: the real package is not there
+    w = worker.Worker()
+    cells = [{"label": f"cell {i}", "source": s} for i, s in enumerate(CHECK_CELLS + list(OTHER_USES), 1)]
+    loaded = w.op_load({"cells": cells, "seed": 1})
+    assert sys.modules["autograder"] is not autograder  # the worker's own, put back by monkeypatch
+    assert loaded["notes"] == [] and loaded["more"] == 0
+    assert [e["cell"] for e in loaded["errors"]] == [f"cell {i}" for i in range(len(CHECK_CELLS) + 1, len(cells) + 1)]
+    for e, start in zip(loaded["errors"], OTHER_USES.values()):
+        assert e["error"].startswith(start), e
+    assert w.ns["r"] is None and w.ns["r2"] is None and w.ns["ag"].check is w.ns["check"]
 
 
 FAILING_PROBE = textwrap.dedent("""

@@ -5,7 +5,9 @@ grades it (sandboxed, with a memory cgroup: the warm start, which grades the sam
 worker, see tests/test_warm_start.py), as plain `check` does (unsandboxed, the worker
 process's own memory measured) and as `check --sandbox` does on a machine without a memory
 cgroup (`AUTOGRADER_CGROUP_PARENT=none`, a typical laptop). Every check's points under `check`
-must be at most its points under `grade`, and here, on one machine, equal.
+must be at most its points under `grade`, and here, on one machine, equal. Every notebook ends
+with the check cell the instructions tell learners to add, which never earns a note in any of
+the three.
 
 A learner's check runs a fresh worker per notebook (3 to 5 s each), so by default each table
 is sampled: every chapter's reference (full marks, all three ways), and for 07, whose memory
@@ -31,8 +33,9 @@ from autograder.hidden.support import Hint
 from autograder.cgroups import CGROUP_ENV
 from autograder.sandbox import SandboxUnavailable, detect
 from chapters import tables
-from conftest import chapter_batch, run_cli, write
+from conftest import add_cell, chapter_batch, run_cli, write
 
+CHECK_CELL = "from autograder import check; check()"
 SEED = 31337
 ALL_ROWS = os.environ.get("AUTOGRADER_CHECK_ALL_ROWS") == "1"
 K07 = "07_efficient_attention"
@@ -91,16 +94,30 @@ def _points(result) -> dict:
     return {c.name: c.points for c in result.checks}
 
 
+def _no_note_on_the_check_cell(result, row: str) -> None:
+    """No note on the learner's own check cell, for any row; none at all for the reference."""
+    assert not [n for n in result.notes if "autograder" in n], result.notes
+    if row == "ref":
+        assert result.notes == [], result.notes
+
+
 @pytest.mark.parametrize("key,row", CASES, ids=[f"{k}-{r}" for k, r in CASES])
 def test_check_never_shows_more_than_grade(graders, sandboxes, key, row, tmp_path):
-    path = write(chapter_batch(key)[row](), tmp_path / f"{row}.ipynb")
+    """Every row ends with the cell that the notebook's instructions tell the learner to add,
+    `from autograder import check; check()`: graded alike three ways, and never a note (the
+    sandbox has no copy of the course's package, which the worker offers as check() alone)."""
+    path = write(add_cell(chapter_batch(key)[row](), CHECK_CELL), tmp_path / f"{row}.ipynb")
     gs = graders(key)
-    graded = _points(gs["grade"].grade(path, seed=SEED))
+    result = gs["grade"].grade(path, seed=SEED)
+    graded = _points(result)
+    _no_note_on_the_check_cell(result, row)
     for mode, sandbox in (("check", None), ("check --sandbox", sandboxes[1])):
         # as `check` runs it: the worker started first, as a learner's self-check
         sub = runner.Submission([], sandbox=sandbox, notebook=path, self_check=True)
         sub.start_early()
-        checked = _points(gs[mode].grade(path, seed=SEED, submission=sub))
+        result = gs[mode].grade(path, seed=SEED, submission=sub)
+        checked = _points(result)
+        _no_note_on_the_check_cell(result, row)
         more = {n: (p, graded[n]) for n, p in checked.items() if p > graded[n]}
         assert not more, (mode, more)
         assert checked == graded, (mode, {n: (p, graded[n]) for n, p in checked.items() if p != graded[n]})

@@ -342,6 +342,83 @@ def test_the_report_says_which_parts_were_not_attempted_and_what_is_missing():
     assert lines[total + 1].startswith("Not checked yet: Part 1 (first)")
 
 
+def _stopped_at(nb, grade_id: str) -> list[tuple[int, str]]:
+    """The history of a kernel whose Run All stopped at the cell `grade_id` (a visible test that failed):
+    the code cells up to it ran, those below it never did."""
+    code = [c for c in nb.cells if c["type"] == "code"]
+    stop = next(i for i, c in enumerate(code) if (c["metadata"].get("nbgrader") or {}).get("grade_id") == grade_id)
+    return history(nb)[: stop + 1]
+
+
+def test_a_definition_whose_cell_has_not_run_is_told_from_one_that_is_missing(tmp_path):
+    """Run All stopped at a failing cell: the names the notebook defines below it have not run in this kernel
+    (not "not defined in your notebook"). A name the kernel went past (a cell of the exercise below it ran:
+    the learner renamed it), or whose cell ran with a syntax error, is missing for another reason."""
+    ex = N.exercise(get_assignment(KEY))
+    assert {"softmax", "attention_numpy", "scaled_dot_product_attention", "padding_mask", "causal_mask"} <= ex.defined
+    assert not {"p", "m", "tokens"} & ex.defined  # what the visible tests bind is not the exercise's
+    ref = read_notebook(write(conftest.reference_notebook(KEY), tmp_path / "ref.ipynb"))
+    assert N.plan_check(history(ref), assignment=KEY).unrun == ()
+    stopped = _stopped_at(ref, "test_scaled_dot_product_attention")
+    assert N.plan_check(stopped, assignment=KEY).unrun == ("causal_mask", "padding_mask")
+    n = len(stopped)
+    assert N.not_run(stopped + [(n + 1, "def padding_mask(tokens, pad_id=0):\n    return (\n")], ex) == (
+        "causal_mask",)  # ran, with a syntax error: its note says so
+    assert N.not_run(stopped + [(n + 1, "causal_mask = None\nx = 1; padding_mask: int = 2")], ex) == ()
+    assert N.not_run(stopped + [(n + 1, "if padding_mask == None: (\ncausal_mask == 1")], ex) == (
+        "causal_mask", "padding_mask")
+    # renamed, then Run All stopped at the visible test that calls it: that name was gone past, not the masks
+    sdpa = "def scaled_dot_product_attention("
+    renamed = [(i, s.replace(sdpa, "def sdpa(")) for i, s in stopped]
+    assert renamed != stopped and N.not_run(renamed, ex) == ("causal_mask", "padding_mask")
+    # every cell run, the masks' renamed: below them, their visible tests ran
+    masks = [(i, s.replace("def padding_mask(", "def pad_mask(")) for i, s in history(ref)]
+    assert N.not_run(masks, ex) == ()
+
+
+def test_the_report_says_which_definitions_have_not_run():
+    """The names not run are said in one line, as cells to run; a name missing for another reason keeps its own."""
+    def c(name, part, missing):
+        return CheckResult(name, part, "Title?", 0.0, 1.0, False, "hint", missing=missing)
+
+    parts = {p: {"score": 0.0, "max_score": 2.0} for p in ("a", "b", "c")}
+    result = Result(KEY, "nb", parts=parts, seed=1, checks=[
+        c("t1", "a", "padding_mask"), c("t2", "b", "causal_mask"), c("t3", "c", "helper"),
+        c("t4", "b", "padding_mask")])
+    titles = {"a": "Part 4 (masks)", "b": "Part 4 (masks)"}
+
+    def said(unrun):
+        return [ln.strip() for ln in format_text(result, part_titles=titles, unrun=unrun).splitlines()
+                if ln.strip().startswith("Not checked")]
+
+    assert said(("padding_mask", "causal_mask", "softmax")) == [
+        "Not checked: `helper` is not defined in your notebook (needed by c); check its name, and that its cell ran "
+        "without an error.",
+        "Not checked: `padding_mask` and `causal_mask` (needed by Part 4 (masks)) are in your notebook but have not "
+        "run in this kernel: run their cells (Run All stops at the first cell that fails: fix or skip that cell, "
+        "then run the cells below it)."]
+    assert said(("causal_mask",))[2:] == [
+        "Not checked: `causal_mask` (needed by Part 4 (masks)) is in your notebook but has not run in this kernel: "
+        "run its cell (Run All stops at the first cell that fails: fix or skip that cell, then run the cells below "
+        "it)."]
+    assert said(()) == said(("softmax",)) and len(said(())) == 3
+
+
+def test_check_after_a_run_all_that_stopped_says_which_cells_have_not_run(monkeypatch, capsys, tmp_path):
+    """check() in a kernel whose Run All stopped at part 3's visible test: part 4's functions are in the notebook
+    but have not run, and the report says so (one grade of part 4 alone, in a grading process of its own)."""
+    nb = read_notebook(write(conftest.reference_notebook(KEY), tmp_path / "ref.ipynb"))
+    shell = _Shell(s for _, s in _stopped_at(nb, "test_scaled_dot_product_attention"))
+    monkeypatch.setattr(N, "_shell", lambda: shell)
+    N.check("part 4", seed=1)
+    out = capsys.readouterr().out
+    assert re.search(r"^  total +0 / 4$", out, re.MULTILINE), out
+    assert ("  Not checked: `padding_mask` and `causal_mask` (needed by Part 4 (masks)) are in your notebook but "
+            "have not run in this kernel: run their cells (Run All stops at the first cell that fails: fix or skip "
+            "that cell, then run the cells below it).") in out.splitlines(), out
+    assert "is not defined in your notebook" not in out
+
+
 def test_the_untouched_notebook_is_reported_as_not_attempted(tmp_path):
     """The command line on the untouched notebook: one line per part not attempted, after the checks."""
     path = write(learner_notebook(KEY), tmp_path / "stub.ipynb")

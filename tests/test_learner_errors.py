@@ -268,8 +268,26 @@ def test_a_gpu_asked_for_at_the_top_level_is_one_note():
               {"cell": "cell 3", "line": 3, "error": "NameError: name 'x0' is not defined (cell 3, line 3)"},
               {"cell": "cell 5", "line": 1, "error": f"{no_gpu} (cell 5, line 1)"}]
     assert load_notes(errors) == [f"cell 3, line 2: your code {GPU}",
-                                  "cell 3, line 3: NameError: name 'x0' is not defined (cell 3, line 3)",
+                                  "cell 3, line 3: NameError: name 'x0' is not defined",
                                   "cell 5, line 1: asks for a GPU as well (see above)"]
+
+
+def test_a_note_names_its_place_once():
+    """An error raised while the top level loads names its place once when it was raised by the statement
+    itself, both places when it was raised elsewhere (a line further down, in a function defined in the cell or
+    in another); a message with no place of its own keeps the statement's."""
+    errors = [{"cell": "cell 18", "line": 1, "error": "ModuleNotFoundError: No module named 'foo' (cell 18, line 1)"},
+              {"cell": "cell 4 (softmax)", "line": 3, "error": "ValueError: shape (2, 3) (cell 4 (softmax), line 5)"},
+              {"cell": "cell 7", "line": 1, "error": "ValueError: boom (cell 4 (softmax), line 2)"},
+              {"cell": "cell 1", "line": 2, "error": "ValueError: boom (cell 12, line 2)"},
+              {"cell": "In [9]", "line": 1, "error": "NameError: name 'x' is not defined (In [9], line 1)"},
+              {"cell": "cell 2", "line": 4, "error": "KeyError: 'x'"}]
+    assert load_notes(errors) == ["cell 18, line 1: ModuleNotFoundError: No module named 'foo'",
+                                  "cell 4 (softmax), line 3: ValueError: shape (2, 3) (cell 4 (softmax), line 5)",
+                                  "cell 7, line 1: ValueError: boom (cell 4 (softmax), line 2)",
+                                  "cell 1, line 2: ValueError: boom (cell 12, line 2)",
+                                  "In [9], line 1: NameError: name 'x' is not defined",
+                                  "cell 2, line 4: KeyError: 'x'"]
 
 
 # --- end to end: the command line, and the check from a notebook cell ------------------------------

@@ -250,6 +250,11 @@ def fake_result(scores: dict[str, float]):
     return result
 
 
+def by_gid_of(nb) -> dict:
+    """grade_id -> cell of a notebook's nbgrader cells."""
+    return {c.metadata["nbgrader"]["grade_id"]: c for c in nb.cells if "nbgrader" in c.metadata}
+
+
 def test_the_autograded_notebook_keeps_only_the_learners_sources():
     """Are locked cells the release's, answers the learner's, added cells kept in place, and nothing else?"""
     from autograder.nbgrader_course import autograded_notebook
@@ -285,6 +290,23 @@ def test_the_autograded_notebook_keeps_only_the_learners_sources():
     assert len(shown) == 5 and all(o.output_type == "stream" for o in shown)
     sdpa = by_gid[SDPA].outputs[0].text
     assert "0 / 15 points" in sdpa and "[FAILED] Is it scaled? (0 / 1)" in sdpa and "Divide by sqrt(d_k)." in sdpa
+    # one hint that several checks give is said under the first, the others point to it by its title: the
+    # check's own (ours), whole, as on its line; learner text stays capped
+    from autograder.grader import CheckResult
+    from autograder.limits import DEFAULT
+    from autograder.usage import course_grader
+
+    checks = [c for c in course_grader(KEY).checks if c.part == "attention_numpy"]
+    assert len(checks) >= 2 and len(checks[0].title) > 80  # long enough to have been cut
+    grouped = fake_result({"attention_numpy": 0})
+    grouped.checks = [CheckResult(c.name, c.part, c.title, 0.0, c.points, False, hint="Scale by 1/sqrt(d_k).")
+                      for c in checks] + [CheckResult("test_y", "attention_numpy", "Y?", 0.0, 1.0, False,
+                                                      hint="x" * (DEFAULT.hint_chars + 50))]
+    text = by_gid_of(autograded_notebook(release, data, grouped))["test_attention_numpy"].outputs[0].text
+    assert text.count("Scale by 1/sqrt(d_k).") == 1
+    assert text.count(f'hint: the same as for "{checks[0].title}" above') == len(checks) - 1, text
+    assert all(f"] {c.title} (0 / {c.points:g})" in text for c in checks)
+    assert "x" * DEFAULT.hint_chars + "… (50 more characters)" in text  # a learner's text: capped
     # bytes that are no notebook: the release notebook, stubs and all
     junk = autograded_notebook(release, b"\x00not json", fake_result({}))
     assert [c.source for c in junk.cells if "nbgrader" in c.metadata] == [c.source for c in rel.values()]
