@@ -100,10 +100,23 @@ MISTAKES = {
             (CELL, CELL + "\n            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:"
                           "\n                current[j] = min(current[j], before[j - 2] + 1)"),
             ("        previous = current\n", "        before, previous = previous, current\n"))),
-    # Part 3: PER as the average of the words' rates.
-    "per_per_word": Mistake(18, RATES, _all(RATES, "average of per-word rates"), edits=(
+    # Part 3: PER as the average of the words' rates (the blind trial's 08_w06).
+    "per_per_word": Mistake(18, RATES, _all(RATES, "averages each word's rate"), edits=(
         ("errors += distances[best]\n", "errors += distances[best] / len(alternatives[best])\n"),
         ("return errors / ref_len, wrong / len(hyps)", "return errors / len(hyps), wrong / len(hyps)"))),
+    # Part 3: PER's distance to the closest alternative divided by the length of the FIRST one (the blind trial's
+    # 08_w07); in the ties check the first alternative is one of the closest, so that check passes.
+    "per_length_of_first_alternative": Mistake(18.5, {"test_error_rates_match_reference"},
+                                               {"test_error_rates_match_reference":
+                                                "divides by the length of each word's FIRST alternative"}, edits=(
+        ("ref_len += len(alternatives[best])", "ref_len += len(alternatives[0])"),)),
+    # Part 3: of two equally close alternatives, PER takes the last one's length (the blind trial's 08_w18): only the
+    # ties check sees it; the other check's words have closest alternatives of one length, under every seed.
+    "per_ties_take_the_last": Mistake(
+        19.5, {"test_error_rates_ties_take_the_first_alternative"},
+        {"test_error_rates_ties_take_the_first_alternative": "takes the last (or the longest) one"}, edits=(
+            ("best = min(range(len(alternatives)), key=lambda k: distances[k])  # min keeps the first of ties",
+             "best = max(range(len(alternatives)), key=lambda k: (-distances[k], k))"),)),
     # Part 3: WER against the first alternative only (the ties check's words are never right: it passes).
     "wer_first_alternative": Mistake(18.5, {"test_error_rates_match_reference"},
                                      {"test_error_rates_match_reference": "FIRST alternative"}, edits=(
@@ -149,6 +162,18 @@ MISTAKES = {
         ("    finished.sort(key=lambda pair: pair[1], reverse=True)\n", ""),), one_hint=True),
     "beam_too_many": Mistake(16.5, BEAM_POLICY, _all(BEAM_POLICY, "more than beam_size outputs"), edits=(
         ("return finished[:beam_size]", "return finished"),), one_hint=True),
+    # Part 5, right: the log-probabilities computed in float32 (the log-softmax of the logits cast to float32, the
+    # running totals in float32, the blind trial's 08_c3): the scores are right to float32's precision.
+    "beam_float32_scores_ok": Mistake(20, set(), edits=(
+        ("total = totals[:, None] + F.log_softmax(logits[:, -1], dim=-1)  # (n, V)",
+         "total = totals[:, None] + F.log_softmax(logits[:, -1].float(), dim=-1)  # (n, V)"),)),
+    # Part 5, right: pruning by the normalised score (the blind trial's 08_w11). The unfinished outputs of a step all
+    # have the same length, so dividing their totals by one length ** alpha keeps the same beam_size best: the same
+    # search as pruning by the total log-probability, as the spec says.
+    "beam_prune_by_normalised_ok": Mistake(20, set(), edits=(
+        ("top, idx = total.flatten().topk(min(beam_size, total.numel()))",
+         "_, idx = (total / (step + 1) ** alpha).flatten().topk(min(beam_size, total.numel()))\n"
+         "            top = total.flatten()[idx]"),)),
     "beam_ys_on_cpu": Mistake(19.5, {"test_beam_runs_on_any_device"},
                               {"test_beam_runs_on_any_device": "`beam_search` would fail on a GPU"}, edits=(
         ("dtype=torch.long, device=src.device)  # (n, t+1)", "dtype=torch.long)  # (n, t+1)"),)),
