@@ -50,6 +50,14 @@ OTHER_ERROR = ("`split_heads` must raise ValueError itself when D is not divisib
 MODULE_GENERIC = {"weights": "`{}`'s weights differ from softmax(Q_h K_h^T / sqrt(d_head)) for each head h.",
                   "output": "`{}`'s weights are right but its output is not W_o(merge_heads(weights @ V_h))."}
 SCALE_D = "The scores are divided by sqrt(d_model) instead of sqrt(d_head), the width each head works in."
+NO_SCALE = ("The scores are not divided by sqrt(d_head): the weights match softmax(Q_h K_h^T) without "
+            "scaling. Divide by sqrt(d_head), the width each head works in.")
+NO_SOFTMAX = ("The weights are the scaled scores themselves: apply a softmax over the keys (the last axis), so "
+              "that each query's weights are positive and sum to 1.")
+SOFTMAX_AXIS = ("The softmax runs over the wrong axis: for each head and each query, the weights over the keys "
+                "(the last axis) must sum to 1.")
+SCALE_AFTER_SOFTMAX = ("The weights are divided by sqrt(d_head) after the softmax: divide the scores before it, "
+                       "so that each query's weights still sum to 1.")
 SWAP_QK = ("The query and key projections are swapped: queries come from W_q applied to `query`, keys from "
            "W_k applied to `key`.")
 SWAP_KV = "The key and value projections are swapped: keys come from W_k, values from W_v."
@@ -206,11 +214,29 @@ def _merge_no_transpose(x):
     return x.reshape(B, T, H * d)
 
 
+def _inline_attention(q, k, v, mask, *, softmax_dim=-1, scale_after=False):
+    """(output, weights) of attention written inline with a misplaced softmax, as learners who do not call
+    scaled_dot_product_attention write it: `softmax_dim` None leaves the softmax out, another axis
+    normalises the wrong weights, `scale_after` divides by sqrt(d_head) after the softmax, not before."""
+    scores = q @ k.transpose(-2, -1)
+    if not scale_after:
+        scores = scores / math.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    weights = scores if softmax_dim is None else torch.softmax(scores, dim=softmax_dim)
+    if scale_after:
+        weights = weights / math.sqrt(q.shape[-1])
+    if mask is not None:
+        weights = weights.masked_fill(~mask, 0.0)
+    return weights @ v, weights
+
+
 def _attend(sd, query, key, value, mask, n_heads, n_kv_heads, pieces, *, scale_by=None, swap_qk=False,
-            swap_kv=False, no_wo=False, split=None, merge=None, tiled=False, weights=None):
+            swap_kv=False, no_wo=False, split=None, merge=None, tiled=False, weights=None, attention=None):
     """(output, weights) of (grouped-query) multi-head attention in float64 on the CPU, from the
-    state dict `sd`, with `pieces`' split and merge; the keywords make the typical mistakes, and
-    `weights` replaces the attention weights (the dropped-out ones of a training-mode call)."""
+    state dict `sd`, with `pieces`' split and merge; the keywords make the typical mistakes (`scale_by`
+    the width the scores are scaled by, `attention` (mask -> (output, weights)) an attention of
+    their own), and `weights` replaces the attention weights (the dropped-out ones of a training-mode call)."""
     def lin(x, name):
         return F.linear(x, sd[f"{name}.weight"], sd.get(f"{name}.bias"))
 
@@ -229,7 +255,8 @@ def _attend(sd, query, key, value, mask, n_heads, n_kv_heads, pieces, *, scale_b
         k, v = ((t.repeat(1, n_rep, 1, 1) if tiled else pieces.repeat(t, n_rep)) for t in (k, v))
     if scale_by is not None:
         q = q * math.sqrt(q.shape[-1]) / math.sqrt(scale_by)
-    out, w = pieces.reference.scaled_dot_product_attention(q, k, v, mask)
+    attention = attention or pieces.reference.scaled_dot_product_attention
+    out, w = attention(q, k, v, mask)
     if weights is not None:
         w = weights
         out = w @ v
@@ -305,7 +332,14 @@ class _Case:
         """(hint, thunk) for the typical mistakes of a module, result `i` (0 output, 1 weights)."""
         def make(**kw):
             return lambda: self.attend(pieces, query, key, value, mask, **kw)[i]
-        table = [(SCALE_D, make(scale_by=self.D)), (MOD_SPLIT, make(split=_split_no_transpose))]
+
+        def inline(**kw):
+            return make(attention=lambda q, k, v, m: _inline_attention(q, k, v, m, **kw))
+        # Attention written inline (not by calling scaled_dot_product_attention) has mistakes of its own.
+        table = [(SCALE_D, make(scale_by=self.D)), (NO_SCALE, make(scale_by=1)),
+                 (NO_SOFTMAX, inline(softmax_dim=None)), (SOFTMAX_AXIS, inline(softmax_dim=-2)),
+                 (SOFTMAX_AXIS, inline(softmax_dim=1)), (SCALE_AFTER_SOFTMAX, inline(scale_after=True)),
+                 (MOD_SPLIT, make(split=_split_no_transpose))]
         if self.H == self.H_kv:
             table += [(SWAP_QK, make(swap_qk=True)), (SWAP_KV, make(swap_kv=True))]
         if self.H != self.H_kv:

@@ -14,7 +14,11 @@ Part 2 runs the learner's modules holding weights drawn here (float32 numbers ke
 that both sides hold exactly the same model) and compares them with the reference's and with a
 functional GPT of this module, which also computes the typical mistakes (post-LN, exact GELU,
 a causal mask missing or not offset by the cache, positions not offset, ...). The initialisation
-is judged by its statistics, with bounds far outside any sampling noise.
+is judged by its statistics, with bounds far outside any sampling noise. Dropout is judged where no draw
+matters (p = 1: every dropped tensor is zero) and, for the attention's 0 < p < 1, by a property that only dropout
+on the attention weights has, whatever the draws and their order (F.scaled_dot_product_attention's dropout too):
+with proj the identity, each output row of a head is a mix of value rows whose weights are each zeroed or scaled
+by 1 / (1 - p).
 
 Part 3 loads the state dict of a `transformers.GPT2LMHeadModel` (random small configs, its weights
 drawn here so that every mistake shows) and compares the learner's parameters with the expected
@@ -73,6 +77,9 @@ TB_LARGEST = ("`train_bpe` breaks ties by the LARGEST pair: among pairs with the
               "one as a tuple (a, then b), e.g. min(pair for pair, n in counts.items() if n == top).")
 TB_FIRST_SEEN = ("`train_bpe` breaks ties by the pair counted first (max(counts, key=counts.get) keeps the first "
                  "it meets): among pairs with the same count, pick the smallest one as a tuple (a, then b).")
+TB_A_ONLY = ("`train_bpe` breaks ties by the first id a only: among pairs with the same count and the same a, the "
+             "smaller b must win too. Compare whole pairs as tuples (a, then b), e.g. min(pair for pair, n in "
+             "counts.items() if n == top).")
 TB_OVERLAP = ("`train_bpe` does not count overlapping pairs: the chunk [a, a, a] holds the pair (a, a) twice; "
               "count every adjacent pair (zip(ids, ids[1:])).")
 TB_SKIP_ONE = ("A merge replaces overlapping occurrences (or keeps the pair's second id): after replacing the "
@@ -160,6 +167,10 @@ HEADS_MERGE_ONLY = ("The heads are merged back without the transpose: transpose 
                     "d / H) to (B, T, H, d / H) (transpose(1, 2)) before the reshape to (B, T, d).")
 DROP_ATTN = ("The attention's dropout is not on the attention weights: in training mode, self.drop acts on "
              "softmax(scores) before the product with the values, and nowhere else in CausalSelfAttention.")
+DROP_ATTN_OUTPUT = ("The attention's dropout is applied after weights @ v (on the attention's output, or after proj) "
+                    "instead of on the attention weights: drop softmax(scores) itself, weights = "
+                    "self.drop(softmax(scores)), then weights @ v; a dropped weight removes one value row from a "
+                    "token's mix, it does not zero single numbers of the output.")
 DROP_BLOCK = ("`GPTBlock`'s dropout is not on both residual branches: in training mode, x = x + drop(attn(ln1(x))), "
               "then x = x + drop(mlp(ln2(x))); nothing else of the block is dropped.")
 DROP_GPT = ("`GPT`'s dropout is not on the sum of the embeddings: in training mode, x = drop(tok(ids) + "
@@ -269,8 +280,9 @@ GE_GREEDY = ("`generate` at temperature 0 differs from greedy decoding recompute
              "step: feed the prompts once, then each new token at the next position with the caches.")
 GE_ROWS = ("`generate` draws the rows in another order: at each step draw row 0's token first, then row 1's, "
            "... (a shared generator gives its draws in that order).")
-GE_SETTINGS = ("`generate` does not pass its temperature, top_k, top_p and generator on to `sample`: each row's "
-               "token is sample(last_logits[b], temperature, top_k, top_p, generator).")
+GE_SETTINGS = ("`generate` does not pass its {} on to `sample` (sample then uses its defaults): each row's "
+               "token is sample(last_logits[b], temperature, top_k, top_p, generator), with every setting generate "
+               "was given.")
 GE_SAMPLED = ("`generate` with a generator differs from sample() on the last logits of each row, rows in order, "
               "step by step: one draw per row and step, from the model's logits at the last position.")
 GE_SAMPLE_SEED = ("`generate` cannot follow the generator because your `sample` does not draw from it (two "
@@ -387,6 +399,8 @@ def _train(data, vocab_size, *, tie="smallest", overlap=True, mode="left", split
         top = max(counts.values())
         if tie == "first":
             best = max(counts, key=counts.get)
+        elif tie == "a_only":  # the smallest a, then (min keeps the first it meets) the pair counted first
+            best = min((p for p, n in counts.items() if n == top), key=lambda p: p[0])
         else:
             best = (max if tie == "largest" else min)(p for p, n in counts.items() if n == top)
         merges.append(best)
@@ -396,6 +410,7 @@ def _train(data, vocab_size, *, tie="smallest", overlap=True, mode="left", split
 
 TRAIN_VARIANTS = {
     "largest": ({"tie": "largest"}, TB_LARGEST), "first": ({"tie": "first"}, TB_FIRST_SEEN),
+    "a_only": ({"tie": "a_only"}, TB_A_ONLY),
     "overlap": ({"overlap": False}, TB_OVERLAP), "skip1": ({"mode": "skip1"}, TB_SKIP_ONE),
     "right": ({"mode": "right"}, TB_RIGHT_TO_LEFT), "unsplit": ({"split": False}, TB_UNSPLIT),
     "unweighted": ({"weighted": False}, TB_UNWEIGHTED), "one_more": ({"extra": 1}, TB_ONE_MORE),
@@ -411,13 +426,41 @@ def _merges(got):
 
 
 def _train_case(rng, n_words, vocab_size, shows, **text_kw):
-    """Data (tried here first) on which each mistake of `shows` changes the merges."""
+    """Data (tried here first) on which each mistake of `shows` changes the merges, each in its own way (so that
+    the hint names the right one)."""
     for _ in range(300):
         data = _text(rng, n_words, **text_kw).encode("utf-8")
-        right = _train(data, vocab_size)
-        if all(_train(data, vocab_size, **TRAIN_VARIANTS[s][0]) != right for s in shows):
+        seen = [_train(data, vocab_size)]
+        for s in shows:
+            merges = _train(data, vocab_size, **TRAIN_VARIANTS[s][0])
+            if merges in seen:
+                break
+            seen.append(merges)
+        else:
             return data
     raise RuntimeError("no text found on which the training mistakes show")
+
+
+def _ties_by_a_only(merges, data, vocab_size):
+    """Whether `merges` are a training as the exercise asks except that ties go to the smallest first id a, whatever
+    the b (in whichever order the pairs were counted): at each step, a pair of the highest count whose a is the
+    smallest a among them."""
+    chunks, weights = _chunks(data)
+    made = 0
+    for new in range(256, vocab_size):
+        counts = {}
+        for c, w in zip(chunks, weights):
+            for p in _pairs(c):
+                counts[p] = counts.get(p, 0) + w
+        if not counts:
+            break
+        top = max(counts.values())
+        smallest_a = min(p[0] for p, n in counts.items() if n == top)
+        if made == len(merges) or counts.get(merges[made]) != top or merges[made][0] != smallest_a:
+            return False
+        chunks = [_merge(c, merges[made], new) for c in chunks]
+        made += 1
+    return made == len(merges)
 
 
 def _judge_train(learner, reference, data, vocab_size):
@@ -425,13 +468,14 @@ def _judge_train(learner, reference, data, vocab_size):
     expected = [tuple(p) for p in reference.train_bpe(data, vocab_size)]
     if got != expected:
         mistakes = [(hint, lambda kw=kw: _train(data, vocab_size, **kw)) for kw, hint in TRAIN_VARIANTS.values()]
+        mistakes.append((TB_A_ONLY, lambda: got if _ties_by_a_only(got, data, vocab_size) else None))
         raise Hint(diagnose(got, mistakes, TB_GENERIC, same=lambda a, b: a == b))
 
 
 @points(2, part="train_bpe")
 def test_train_bpe_matches_reference(learner, reference, rng):
     """Does train_bpe learn exactly the reference's merges on hidden texts (accents, Chinese, emoji, spaces)?"""
-    cases = ((_randint(rng, 60, 90), 256 + _randint(rng, 25, 40), ("largest", "first", "overlap", "skip1")),
+    cases = ((_randint(rng, 60, 90), 256 + _randint(rng, 25, 40), ("largest", "first", "a_only", "overlap", "skip1")),
              (_randint(rng, 60, 90), 256 + _randint(rng, 25, 40), ("unsplit", "unweighted", "right")),
              (_randint(rng, 30, 50), 256 + _randint(rng, 10, 20), ("one_more", "one_less")))
     for n_words, vocab_size, shows in cases:
@@ -460,7 +504,7 @@ def test_train_bpe_ties_and_overlapping_pairs(learner, reference, rng):
             raise Hint(diagnose(g, [(TB_SKIP_ONE, _merge(ids, pair, new, "skip1")),
                                     (TB_RIGHT_TO_LEFT, _merge(ids, pair, new, "right"))], MP_GENERIC,
                                 same=lambda x, y: x == y))
-    for shows in (("largest", "first"), ("overlap", "skip1", "right"), ("largest", "first", "overlap")):
+    for shows in (("largest", "first", "a_only"), ("overlap", "skip1", "right"), ("largest", "first", "overlap")):
         letters = "".join(_pick(rng, "abcxyz") for _ in range(3))
         vocab_size = 256 + _randint(rng, 4, 8)
         data = _train_case(rng, _randint(rng, 5, 9), vocab_size, shows, letters=letters, unicode=False)
@@ -802,10 +846,10 @@ def _dropped(learner, name, ref, x, *args):
     return got, expected
 
 
-@points(1.5, part="gpt")
+@points(1, part="gpt")
 def test_block_matches_reference(learner, reference, rng):
     """Does GPTBlock (pre-LN, causal attention, tanh GELU) give the reference's output and cache, and in training
-    mode is dropout where GPT-2 has it (the attention weights, both residual branches)?"""
+    mode drop both residual branches?"""
     for d, H, B, T in ((8 * _randint(rng, 2, 3), 2, 2, _randint(rng, 5, 8)), (12, 3, 1, _randint(rng, 3, 6)),
                        (16, 4, 3, _randint(rng, 4, 7))):
         ref = _redraw(reference.GPTBlock(d, H), rng)
@@ -822,10 +866,69 @@ def test_block_matches_reference(learner, reference, rng):
         expect(_same(k, ek) and _same(v, ev), CACHE_KV)
     d, H = 8 * _randint(rng, 1, 2), 2
     x = torch.randn(2, _randint(rng, 3, 6), d, generator=rng, dtype=F64)
-    ref = _redraw(reference.CausalSelfAttention(d, H, 1.0), rng)  # dropped weights: y = proj's bias, not zero
-    expect(_same(*_dropped(learner, "CausalSelfAttention", ref, x, d, H, 1.0)), DROP_ATTN)
     ref = _redraw(reference.GPTBlock(d, H, 1.0), rng)  # both branches dropped: y = x
     expect(_same(*_dropped(learner, "GPTBlock", ref, x, d, H, 1.0)), DROP_BLOCK)
+
+
+def _weights_and_values(ref, x, H):
+    """The softmax weights (B, H, T, T) and the values (B, H, T, d / H) of the reference attention `ref` on x."""
+    B, T, d = x.shape
+    with torch.no_grad():
+        q, k, v = (t.reshape(B, T, H, d // H).transpose(1, 2) for t in ref.qkv(x).split(d, dim=-1))
+    allowed = torch.ones(T, T, dtype=torch.bool).tril()
+    s = (q @ k.transpose(-2, -1) / math.sqrt(d // H)).masked_fill(~allowed, float("-inf")).softmax(-1)
+    return s, v
+
+
+def _near(a, b):
+    return (a - b).abs() <= 1e-8 + 1e-6 * b.abs()
+
+
+def _weights_dropped(z, s, v, p):
+    """True when every row of every head of z (B, H, T, d / H) is sum over a subset S of its keys 0 .. i of
+    s_ij / (1 - p) * v_j: each attention weight zeroed or kept and scaled, on its own, whatever the draws."""
+    for i in range(z.size(2)):
+        n = i + 1
+        subsets = ((torch.arange(2 ** n)[:, None] >> torch.arange(n)) & 1).to(F64)  # (2^n, n): every subset
+        sums = torch.einsum("sn,bhn,bhnd->bhsd", subsets, s[:, :, i, :n] / (1 - p), v[:, :, :n])
+        if not bool(_near(z[:, :, i, None], sums).all(-1).any(-1).all()):
+            return False
+    return True
+
+
+@points(0.5, part="gpt")
+def test_attention_drops_its_weights(learner, reference, rng):
+    """In training mode, does CausalSelfAttention drop attention weights (each zeroed, or kept and scaled by
+    1 / (1 - p)), before the product with the values, and nothing else?"""
+    d, H, B, T = 16, 2, 2, _randint(rng, 4, 6)  # a head's width 8 > T: the values of a row's keys are independent
+    p = _uniform(rng, 0.3, 0.6)
+    ref = _redraw(reference.CausalSelfAttention(d, H, p), rng)
+    with torch.no_grad():  # proj the identity: the output is the heads' weights @ v, merged
+        ref.proj.weight.copy_(torch.eye(d, dtype=F64))
+        ref.proj.bias.zero_()
+    x = torch.randn(B, T, d, generator=rng, dtype=F64)
+    h = _learner(learner, "CausalSelfAttention", ref, d, H, p)
+    y, _ = _run_block(h, x, "CausalSelfAttention")
+    with torch.no_grad():
+        expected = ref(x)[0]
+    if not _same(y, expected):
+        return  # the attention itself is wrong: the block's and the cache's checks name that, not this one
+    # all dropped (p = 1): y = proj's bias, which dropping the output (before or after proj) would not give
+    d1, T1 = 8 * _randint(rng, 1, 2), _randint(rng, 3, 6)
+    ref1 = _redraw(reference.CausalSelfAttention(d1, H, 1.0), rng)
+    x1 = torch.randn(2, T1, d1, generator=rng, dtype=F64)
+    got, want = _dropped(learner, "CausalSelfAttention", ref1, x1, d1, H, 1.0)
+    if not _same(got, want):
+        raise Hint(DROP_ATTN_OUTPUT if _same(got, torch.zeros_like(want)) else DROP_ATTN)
+    # 0 < p < 1: each output row of a head is a mix of the value rows with weights zeroed or scaled by 1 / (1 - p)
+    method(h, "train", "CausalSelfAttention")()
+    y, _ = _run_block(h, x, "CausalSelfAttention")
+    z = y.reshape(B, T, H, d // H).transpose(1, 2)
+    s, v = _weights_and_values(ref, x, H)
+    if _weights_dropped(z, s, v, p):
+        return
+    u = (s @ v) / (1 - p)  # dropout on weights @ v: each number zeroed or scaled on its own
+    raise Hint(DROP_ATTN_OUTPUT if bool((_near(z, torch.zeros_like(z)) | _near(z, u)).all()) else DROP_ATTN)
 
 
 @points(1, part="gpt")
@@ -1622,9 +1725,17 @@ def test_generate_samples_rows_in_order_with_the_generator(learner, reference, r
                  for b in reversed(range(prompt.size(0)))}
         rows_reversed = torch.cat([rows_reversed, torch.tensor([[picks[b]] for b in range(prompt.size(0))])], dim=1)
     expect(not torch.equal(got, rows_reversed), GE_ROWS)
-    gen = _generator(learner, seed)
-    plain = _recompute(h, prompt, new, V, lambda z: _drawn(learner.sample(z, generator=gen), V))
-    expect(not torch.equal(got, plain), GE_SETTINGS)
+    # settings left out of the call of sample (which then uses its defaults): the likeliest first, top_k and top_p
+    for dropped in (("top_k", "top_p"), ("temperature", "top_k", "top_p"), ("top_k",), ("top_p",), ("temperature",),
+                    ("temperature", "top_k"), ("temperature", "top_p")):
+        kept = {name: value for name, value in settings.items() if name not in dropped}
+
+        def pick(z, gen=_generator(learner, seed), kept=kept):
+            return _drawn(learner.sample(z, generator=gen, **kept), V)
+
+        fewer = _recompute(h, prompt, new, V, pick)
+        names = ", ".join(dropped[:-1]) + " and " * (len(dropped) > 1) + dropped[-1]
+        expect(not torch.equal(got, fewer), GE_SETTINGS.format(names))
     logits = torch.randn(V, generator=rng) * 0.3
     gens = (_generator(learner, seed), _generator(learner, seed))
     draws = [[_drawn(learner.sample(logits, generator=g), V) for _ in range(20)] for g in gens]

@@ -9,6 +9,15 @@ MHA_QK = ("q = split_heads(self.W_q(query), self.n_heads)  # (B, H, Lq, d_head)\
           "        k = split_heads(self.W_k(key), self.n_heads)")
 MHA_SDPA = "out, weights = scaled_dot_product_attention(q, k, v, mask=mask, dropout_p=dropout_p)"
 RETURN_WO = "return self.W_o(merge_heads(out)), weights"
+# Attention written inline instead of calling scaled_dot_product_attention (right, then with each typical mistake).
+INLINE = ("scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)\n"
+          "        if mask is not None:\n"
+          "            scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)\n"
+          "        weights = torch.softmax(scores, dim=-1)\n"
+          "        if mask is not None:\n"
+          "            weights = weights.masked_fill(~mask, 0.0)\n"
+          "        weights = F.dropout(weights, p=dropout_p)\n"
+          "        out = weights @ v")
 REPEAT = "return x[:, :, None].expand(B, H_kv, n_rep, T, d).reshape(B, H_kv * n_rep, T, d)"
 
 PART1 = {"test_split_heads_matches_reference", "test_merge_heads_matches_reference", "test_split_merge_round_trip",
@@ -45,6 +54,19 @@ MISTAKES = {
         edits=((MERGE, "return x.transpose(1, 2).view(B, T, H * d_head)"),)),
     "scale_by_sqrt_d_model": Mistake(14, MHA, _all(MHA, "sqrt(d_model) instead of sqrt(d_head)"), edits=(
         (MHA_SDPA, MHA_SDPA.replace("(q, k, v,", "(q / math.sqrt(self.n_heads), k, v,")),)),
+    # The exercise offers scaled_dot_product_attention; computing it inline is as right, and has mistakes of its own.
+    "inline_attention": Mistake(23, set(), edits=((MHA_SDPA, INLINE),)),
+    "inline_no_scale": Mistake(14, MHA, _all(MHA, "not divided by sqrt(d_head)"), edits=(
+        (MHA_SDPA, INLINE.replace(" / math.sqrt(self.d_head)", "")),)),
+    "inline_scale_by_sqrt_d_model": Mistake(14, MHA, _all(MHA, "sqrt(d_model) instead of sqrt(d_head)"), edits=(
+        (MHA_SDPA, INLINE.replace("math.sqrt(self.d_head)", "math.sqrt(self.n_heads * self.d_head)")),)),
+    "inline_no_softmax": Mistake(14, MHA, _all(MHA, "apply a softmax over the keys"), edits=(
+        (MHA_SDPA, INLINE.replace("torch.softmax(scores, dim=-1)", "scores")),)),
+    "inline_softmax_over_queries": Mistake(14, MHA, _all(MHA, "softmax runs over the wrong axis"), edits=(
+        (MHA_SDPA, INLINE.replace("dim=-1)", "dim=-2)")),)),
+    "inline_scale_after_softmax": Mistake(14, MHA, _all(MHA, "divided by sqrt(d_head) after the softmax"), edits=(
+        (MHA_SDPA, INLINE.replace(" / math.sqrt(self.d_head)", "").replace(
+            "torch.softmax(scores, dim=-1)", "torch.softmax(scores, dim=-1) / math.sqrt(self.d_head)")),)),
     "q_k_swapped": Mistake(14, MHA, _all(MHA, "query and key projections are swapped"), edits=(
         (MHA_QK, "q = split_heads(self.W_k(query), self.n_heads)  # (B, H, Lq, d_head)\n"
                  "        k = split_heads(self.W_q(key), self.n_heads)"),)),

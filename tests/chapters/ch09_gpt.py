@@ -22,8 +22,48 @@ FEEDS = "test_generate_feeds_one_position_a_step"
 GENERATE = {GREEDY, FEEDS, "test_generate_samples_rows_in_order_with_the_generator", "test_generate_stops_at_max_len"}
 # The model's mistakes that every check comparing the model with the reference sees (the cached one too).
 MODEL = {BLOCK, LOGITS, CACHED, HF_LOGITS}
+DROP_WEIGHTS = "test_attention_drops_its_weights"
+SAMPLED = "test_generate_samples_rows_in_order_with_the_generator"
 
 TIES = "best = min(pair for pair, n in pairs.items() if n == top)  # ties: the smallest pair"
+# The reference's counting, kept up to date from merge to merge, and a learner's, recounted at every step.
+COUNT_KEPT = ("    pairs = {}  # pair -> its count over the whole text\n"
+              "    where = {}  # pair -> the indices of the chunks that hold it (or held it once)\n"
+              "\n"
+              "    def count(i, sign):\n"
+              "        for pair in zip(chunks[i], chunks[i][1:]):\n"
+              "            pairs[pair] = pairs.get(pair, 0) + sign * weights[i]\n"
+              "            if pairs[pair] == 0:\n"
+              "                del pairs[pair]\n"
+              "            where.setdefault(pair, set()).add(i)\n"
+              "\n"
+              "    for i in range(len(chunks)):\n"
+              "        count(i, +1)\n"
+              "    merges = []\n"
+              "    for new_id in range(256, vocab_size):\n"
+              "        if not pairs:\n"
+              "            break\n"
+              "        top = max(pairs.values())\n"
+              "        " + TIES + "\n"
+              "        merges.append(best)\n"
+              "        for i in where.pop(best):  # only the chunks that hold `best` change\n"
+              "            count(i, -1)\n"
+              "            chunks[i] = merge_pair(chunks[i], best, new_id)\n"
+              "            count(i, +1)\n"
+              "    return merges\n")
+COUNT_EACH_STEP = ("    merges = []\n"
+                   "    for new_id in range(256, vocab_size):\n"
+                   "        pairs = {}  # pair -> its count, recounted at every step\n"
+                   "        for ids, n in zip(chunks, weights):\n"
+                   "            for pair in zip(ids, ids[1:]):\n"
+                   "                pairs[pair] = pairs.get(pair, 0) + n\n"
+                   "        if not pairs:\n"
+                   "            break\n"
+                   "        top = max(pairs.values())\n"
+                   "        " + TIES + "\n"
+                   "        merges.append(best)\n"
+                   "        chunks = [merge_pair(ids, best, new_id) for ids in chunks]\n"
+                   "    return merges\n")
 COUNT = ("        for pair in zip(chunks[i], chunks[i][1:]):\n"
          "            pairs[pair] = pairs.get(pair, 0) + sign * weights[i]\n")
 # Counting without overlap: a run a a a counts (a, a) once, a a a a twice.
@@ -74,6 +114,14 @@ MISTAKES = {
     # Part 1: ties go to the largest pair.
     "ties_to_the_largest_pair": Mistake(17, TRAIN, _all(TRAIN, "LARGEST pair"), edits=(
         (TIES, TIES.replace("min(", "max(")),), one_hint=True),
+    # Part 1, right: the pairs recounted at every step (slower than the reference, as right): full marks.
+    "train_bpe_recounts_every_step": Mistake(20, set(), {}, edits=((COUNT_KEPT, COUNT_EACH_STEP),)),
+    # Part 1: ties broken by the first id only (the smallest a, then the pair counted first), a learner's
+    # max(pairs, key=lambda pair: (pairs[pair], -pair[0])).
+    "ties_by_the_first_id_only": Mistake(17, TRAIN, _all(TRAIN, "ties by the first id a only"), edits=(
+        (COUNT_KEPT, COUNT_EACH_STEP.replace(
+            TIES, "best = max(pairs, key=lambda pair: (pairs[pair], -pair[0]))  # ties: the smallest a")),),
+        one_hint=True),
     # Part 1: overlapping pairs counted once per run.
     "no_overlapping_counts": Mistake(17, TRAIN, _all(TRAIN, "does not count overlapping pairs"), edits=(
         (COUNT, COUNT_NO_OVERLAP),), one_hint=True),
@@ -96,13 +144,13 @@ MISTAKES = {
         19.5, {"test_decode_replaces_invalid_utf8"}, {"test_decode_replaces_invalid_utf8": "raises UnicodeDecodeError"},
         edits=((DECODE, 'return b"".join(pieces).decode("utf-8")'),)),
     # Part 2: post-LN blocks.
-    "post_ln": Mistake(15, MODEL, {BLOCK: "post-LN", LOGITS: "post-LN", HF_LOGITS: "post-LN"}, edits=(
+    "post_ln": Mistake(15.5, MODEL, {BLOCK: "post-LN", LOGITS: "post-LN", HF_LOGITS: "post-LN"}, edits=(
         (PRE_LN, POST_LN),)),
     # Part 2: the exact GELU instead of GPT-2's tanh approximation.
-    "exact_gelu": Mistake(15, MODEL, {BLOCK: "exact GELU", LOGITS: "exact GELU", HF_LOGITS: "exact GELU"}, edits=(
+    "exact_gelu": Mistake(15.5, MODEL, {BLOCK: "exact GELU", LOGITS: "exact GELU", HF_LOGITS: "exact GELU"}, edits=(
         ('act=nn.GELU(approximate="tanh"),', "act=nn.GELU(),"),)),
     # Part 2: no causal mask at all.
-    "no_causal_mask": Mistake(12, MODEL | {ATTN} | GENERATE, _all(MODEL | {ATTN} - {HF_LOGITS}, "not causal")
+    "no_causal_mask": Mistake(12.5, MODEL | {ATTN} | GENERATE, _all(MODEL | {ATTN} - {HF_LOGITS}, "not causal")
                               | {HF_LOGITS: "fix part 2 first"} | _all(GENERATE, "fix the model first"), edits=(
         ('        scores = scores.masked_fill(~allowed, float("-inf"))\n', ""),)),
     # Part 2: a causal mask that ignores the cache: fine without a cache, wrong for every token fed with one.
@@ -117,23 +165,39 @@ MISTAKES = {
     # Part 2: the heads split by a reshape straight to (B, H, T, d / H), without the transpose: right for one token
     # (generation's steps), wrong for several; the model's checks name it, generation's say to fix the model.
     "heads_split_without_transpose": Mistake(
-        12, MODEL | {ATTN} | GENERATE, _all(MODEL | {ATTN}, "split without the transpose")
+        12.5, MODEL | {ATTN} | GENERATE, _all(MODEL | {ATTN}, "split without the transpose")
         | _all(GENERATE, "fix the model first"), edits=(
             (SPLIT_HEADS, "q, k, v = (t.reshape(B, H, T, d // H) for t in (q, k, v))"),)),
     # Part 2: the heads merged back by a reshape without the transpose.
     "heads_merged_without_transpose": Mistake(
-        12, MODEL | {ATTN} | GENERATE, _all(MODEL | {ATTN}, "merged back without the transpose")
+        12.5, MODEL | {ATTN} | GENERATE, _all(MODEL | {ATTN}, "merged back without the transpose")
         | _all(GENERATE, "fix the model first"), edits=(
             (MERGE_HEADS, "y = (weights @ v).reshape(B, T, d)"),)),
     # Part 2: every LayerNorm with eps 1e-6.
-    "layer_norm_eps": Mistake(15, MODEL, _all(MODEL, "another eps"), edits=(
+    "layer_norm_eps": Mistake(15.5, MODEL, _all(MODEL, "another eps"), edits=(
         ("nn.LayerNorm(d_model)", "nn.LayerNorm(d_model, eps=1e-6)"),)),
-    # Part 2: the attention's dropout on its output (after proj) instead of its weights.
-    "attention_dropout_on_the_output": Mistake(18.5, {BLOCK}, {BLOCK: "not on the attention weights"}, edits=(
+    # Part 2: the attention's dropout on its output (after proj) instead of its weights: with p = 1 the output is
+    # zero, not proj's bias.
+    "attention_dropout_on_the_output": Mistake(19.5, {DROP_WEIGHTS}, {DROP_WEIGHTS: "after proj"}, edits=(
         ("weights = self.drop(F.softmax(scores, dim=-1))", "weights = F.softmax(scores, dim=-1)"),
         ("return self.proj(y), (k, v)", "return self.drop(self.proj(y)), (k, v)"))),
+    # Part 2: the attention's dropout on weights @ v, before proj: the same as on the weights for p = 0 or 1, but
+    # for 0 < p < 1 it zeroes single numbers of a token's mix, not whole value rows.
+    "attention_dropout_after_weights_at_v": Mistake(19.5, {DROP_WEIGHTS}, {DROP_WEIGHTS: "after weights @ v"}, edits=(
+        ("weights = self.drop(F.softmax(scores, dim=-1))", "weights = F.softmax(scores, dim=-1)"),
+        (MERGE_HEADS, "y = self.drop((weights @ v).transpose(1, 2).reshape(B, T, d))"))),
+    # Part 2, right: the attention and its dropout by F.scaled_dot_product_attention (dropout_p in training mode),
+    # whose random draws are not nn.Dropout's: full marks.
+    "attention_by_sdpa_with_dropout": Mistake(20, set(), {}, edits=(
+        ('        scores = q @ k.transpose(-2, -1) / math.sqrt(d // H)  # (B, H, T, T_past + T)\n', ""),
+        ("        allowed = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(diagonal=past)\n"
+         '        scores = scores.masked_fill(~allowed, float("-inf"))\n'
+         "        weights = self.drop(F.softmax(scores, dim=-1))\n",
+         "        allowed = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(diagonal=past)\n"),
+        (MERGE_HEADS, "y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, "
+                      "dropout_p=self.drop.p if self.training else 0.0).transpose(1, 2).reshape(B, T, d)"))),
     # Part 2: the MLP branch not dropped (charged to the block only, not again to the GPT).
-    "mlp_branch_not_dropped": Mistake(18.5, {BLOCK}, {BLOCK: "not on both residual branches"}, edits=(
+    "mlp_branch_not_dropped": Mistake(19, {BLOCK}, {BLOCK: "not on both residual branches"}, edits=(
         ("x = x + self.drop(self.mlp(self.ln2(x)))", "x = x + self.mlp(self.ln2(x))"),)),
     # Part 2: no dropout on the sum of the embeddings.
     "no_embedding_dropout": Mistake(18.5, {LOGITS}, {LOGITS: "not on the sum of the embeddings"}, edits=(
@@ -222,6 +286,9 @@ MISTAKES = {
             ("            new_caches.append(cache)\n",
              "            if caches:\n                new_caches[i] = cache\n            else:\n"
              "                new_caches.append(cache)\n"))),
+    # Part 5: generate calls sample without its top_k and top_p (the temperature and the generator passed on).
+    "generate_drops_top_k_and_top_p": Mistake(19.5, {SAMPLED}, {SAMPLED: "does not pass its top_k and top_p"}, edits=(
+        (ROWS, "new = [sample(last[b], temperature, generator=generator) for b in range(B)]"),)),
     # Part 5: no model.eval(): dropout stays on.
     "generate_in_train_mode": Mistake(19.5, {GREEDY}, {GREEDY: "runs the model in training mode"}, edits=(
         ("    model.eval()\n", ""),)),
