@@ -197,4 +197,14 @@ MISTAKES = {
         ("logits, caches = model.decode(y[:, None], memory, src_mask, None, caches, offset=t)  # (B, 1, V)",
          "logits, caches = model.decode(tgt_in=y.unsqueeze(1), memory=memory, src_mask=src_mask, caches=caches,\n"
          "                                      offset=t)  # (B, 1, V)"),)),
+    # Offsets one too far; greedy decoding with no causal mask: each hint names the mistake.
+    "greedy_cached_offset_plus_one": Mistake(
+        23.5, {"test_greedy_decode_cached_equals_recomputation", "test_greedy_decode_honours_sos_eos_pad"},
+        _all({"test_greedy_decode_cached_equals_recomputation", "test_greedy_decode_honours_sos_eos_pad"},
+             "one position too far"), edits=(("caches, offset=t)", "caches, offset=t + 1)"),)),
+    "greedy_no_causal_mask": Mistake(
+        24, {"test_greedy_decode_matches_reference", "test_greedy_decode_honours_sos_eos_pad"},
+        _all({"test_greedy_decode_matches_reference", "test_greedy_decode_honours_sos_eos_pad"},
+             "passes no causal mask"), edits=(
+            ("logits, _ = model.decode(ys, memory, src_mask, causal)", "logits, _ = model.decode(ys, memory, src_mask)"),)),
 }
