@@ -1522,6 +1522,9 @@ def _greedy_model(learner, reference, rng, B, max_len, *, norm_first=False, sos=
         avoid = (sos, eos) + ((PAD,) if pad != PAD else ())
         S = _randint(rng, 3, 6)
         srcs = [_padded_tokens(rng, B, S, pad=pad, lo=0, avoid=avoid) for _ in range(N_SOURCES)]
+        # The model never outputs pad (a row's real tokens are never pad, as a trained model's): a decoder that masks
+        # the pad keys of its prefix, with make_tgt_mask, then decodes what one with a causal mask alone does.
+        sd["out.bias"][pad] = _r(sd["out.bias"][pad] - 30.0)
         base = sd["out.bias"][eos].clone()
         biases = [_r(base - 1.0 + 5.0 * (j + float(torch.rand((), generator=rng))) / N_BIASES) for j in range(N_BIASES)]
         ref.load_state_dict(sd)
