@@ -12,7 +12,10 @@ The text asks for float32 arithmetic on float16/bfloat16 inputs; the half-precis
 long inputs where computing in half precision fails by several times the tolerance, for any draw: a
 softmax normaliser or attention's running sum kept in half precision loses the small terms of many
 blocks (see HALF_STEP), and linear attention's sums over 2048 keys pass float16's largest value. A
-result wrong there but right on the same values in float32 is told that it computes in half precision.
+result wrong there but right on the same values in float32 is told that it computes in half precision. A
+tiled attention wrong in half precision is called again on the same values in float32: only when that is
+right is it told to compute in float32; when that is wrong too, it gets the hint its float32 result gets
+(the causal check's, for a causal mistake), or one that sends it to the value checks first.
 
 The memory of tiled attention is measured by the trusted side (`learner.memory_peak`: the
 worker's memory cgroup where it has one, the worker process's peak resident memory
@@ -28,13 +31,17 @@ these, and a tiled function with a rescaling bug loses only the value points.
 A function that takes, for each block of queries, a plain softmax of its scores against all the keys (or
 against the key blocks' scores concatenated) gives exact values in little memory (a 512 x 16384 block of
 scores is 32 MiB): only the way it computes them shows it. `test_tiled_attention_reads_keys_by_block` runs
-the learner's function once under a torch dispatch mode made in the learner's process (NOTER below), which
+the learner's function under a torch dispatch mode made in the learner's process (NOTER below), which
 notes the largest tensor that an exp, softmax, logsumexp or max operation meets (and the scores a fused
 attention kernel would hold): with one block of 4 queries and 61 keys (fifteen blocks of 4 and one key), an
 online softmax never meets more than a block of 4 x 4 scores per leading index (a column more where it
 concatenates its running maximum to a block's scores), whatever its way of writing it (all queries at once,
 padded blocks, a logsumexp merge, exp2); the bound is 32. A softmax over all the keys meets 61 scores per
-query row, and 244 per block of queries.
+query row, and 244 per block of queries. A function that works in key blocks, but not of block_size (it ignores the
+argument: a fixed 64, say, holds all 61 keys), meets as much; it is run once more under the mode, on REC_LK_LONG =
+1021 keys. A softmax over all the keys then meets 1021 scores per query row or more, about as many per key as
+before; tiles of a fixed size meet fewer per key, as they no longer hold all the keys: those are told that their
+blocks do not follow block_size.
 
 Causal tiled attention must skip the key blocks above the diagonal; that saves time, not
 memory, and its values do not show it (a block processed too early or too late shows in them
@@ -82,6 +89,10 @@ MEM_BOUND = MEM_L * MEM_L * 4 // 4
 # per block of queries.
 REC_BLOCK, REC_LQ, REC_LK, REC_LEAD = 4, 4, 61, (2, 3)
 REC_BOUND = 2 * REC_BLOCK * REC_BLOCK
+# The second run, only for a result over the bound: with REC_LK_LONG keys a softmax over all of them meets at least
+# REC_LK_LONG scores per query row (about the first run's share per key; a column more, concatenated, gives it 62/61
+# then 1022/1021), tiles of a fixed size T meet T, under REC_SHARE of that share once the keys outnumber T by 4/3.
+REC_LK_LONG, REC_SHARE = 1021, 0.75
 
 # Made in the learner's process (a check cannot send a function there): `noted(f, *args, **kwargs)` calls f under a
 # torch dispatch mode and returns (its result, {"largest", "op", "fused"}): the most elements of a tensor that an
@@ -174,11 +185,16 @@ T_SKIP_LATE = ("Causal `tiled_attention` processes a key block past the diagonal
                "key block that starts after the query block's start lies wholly in its future; skip it.")
 T_DIAG_MASKED = "Causal `tiled_attention` masks each query's own key: query i may attend to keys j <= i."
 T_NOT_CAUSAL = "`tiled_attention` ignores causal=True: query i may attend to keys j <= i only."
+T_DIAG_UNMASKED = ("Causal `tiled_attention` does not mask the key block on the diagonal: it skips the blocks above "
+                   "it, but the block that straddles the diagonal (the keys j0 ... j0 + block_size - 1 with j0 = the "
+                   "query block's start) holds keys j > i for its queries i: set their scores to -inf there.")
 T_BOTTOM_RIGHT = ("Causal `tiled_attention` aligns the mask to the end of the keys when Lq != Lk: as in "
                   "F.scaled_dot_product_attention(is_causal=True), query i may attend to keys j <= i, counted "
                   "from the start of both sequences.")
 T_HALF = ("`tiled_attention` is far from exact attention in float16 or bfloat16, or changes the dtype of its "
           "input: compute in float32 and return q's dtype.")
+T_HALF_WRONG = ("`tiled_attention` is wrong in float16 or bfloat16, and wrong in float32 too on the same values: "
+                "the precision is not the cause. Make the value checks (exact and causal attention) pass first.")
 T_HALF_SUM = ("`tiled_attention` is right in float32 but not in float16 or bfloat16 over many key blocks: it keeps "
               "its running sum and output in half precision, where the small terms each key block adds fall below "
               "their rounding step and are lost. Compute in float32 and return q's dtype.")
@@ -194,7 +210,8 @@ T_UNMEASURED_CHECK = ("The memory of `tiled_attention` cannot be measured on thi
                       "does not count these points; the grader measures it when it grades.")
 T_UNMEASURED = "The grader cannot measure memory on this machine."
 T_NO_SKIP = ("Causal `tiled_attention` reads the key blocks that lie wholly above the diagonal (masked, or "
-             "with every query at once): skip every key block that starts after the query block's last query. "
+             "with every query at once, or in blocks larger than block_size): skip every key block that starts "
+             "after the query block's last query. "
              "Values there must not reach the earlier queries at all (a NaN value does, as 0 * NaN).")
 T_MEMORY_WRONG = ("`tiled_attention`'s memory is judged only when its result is attention: it is neither right "
                   "nor a recognisable rescaling or scaling mistake on a long input. Fix the value checks first.")
@@ -208,6 +225,10 @@ T_PLAIN_FUSED = ("`tiled_attention` hands a block of queries and all the keys to
                  "that is PyTorch's attention, not yours. Read the keys one block of block_size at a time and keep, "
                  "per query row, the running maximum m, sum s and output o, rescaled by exp(m_old - m_new) for each "
                  "new key block.")
+T_BLOCK_SIZE = ("`tiled_attention` does not split the keys into blocks of block_size: with block_size=4 it still "
+                "normalises a block of queries' scores against far more keys at once (its tiles have a size of "
+                "their own, or block_size is ignored). Use block_size for both the query and the key blocks: only "
+                "an (n_q, n_k) block of scores, n_q and n_k at most block_size, may exist at a time.")
 T_METHOD_WRONG = ("`tiled_attention`'s way of computing is judged only when its result is attention: it is neither "
                   "right nor a recognisable rescaling or scaling mistake. Fix the value checks first.")
 NOTES_GONE = ("The checks could not note the operations of `tiled_attention` in the notebook's process: do not "
@@ -388,7 +409,9 @@ def _tiled(q, k, v, block_size, causal=False, *, rescale_out=True, rescale_sum=T
            skip_after=0, diagonal=1):
     """Tiled attention in float64, making one typical mistake on request: the running output or sum not
     rescaled, no 1/sqrt(d), key blocks skipped when j0 > i0 + skip_after (0 is right; -1 skips the diagonal
-    block too, block_size processes one unmasked block past it), the diagonal block masked with triu(diagonal)."""
+    block too, block_size processes one unmasked block past it), the diagonal block masked with triu(diagonal)
+    (1 is right; 0 masks each query's own key, 1 + Lk - Lq aligns the mask to the end of the keys) or, with
+    diagonal None, not masked at all."""
     q, k, v = _cpu64(q, k, v)
     Lq, Lk = q.size(-2), k.size(-2)
     if scale:
@@ -405,7 +428,7 @@ def _tiled(q, k, v, block_size, causal=False, *, rescale_out=True, rescale_sum=T
                 break
             j1 = min(j0 + block_size, Lk)
             scores = q[..., i0:i1, :] @ k[..., j0:j1, :].transpose(-2, -1)
-            if causal and j0 == i0:
+            if causal and j0 == i0 and diagonal is not None:
                 scores = scores.masked_fill(torch.ones(i1 - i0, j1 - j0, dtype=torch.bool).triu(diagonal),
                                             -math.inf)
             m_new = torch.maximum(m, scores.amax(-1, keepdim=True))
@@ -428,7 +451,11 @@ def _tiled_mistakes(q, k, v, block_size, causal):
                   (T_SKIP_LATE, lambda: _tiled(q, k, v, block_size, True, skip_after=block_size)),
                   (T_DIAG_MASKED, lambda: _tiled(q, k, v, block_size, True, diagonal=0))]
         if q.size(-2) != k.size(-2):
-            table.append((T_BOTTOM_RIGHT, lambda: _exact(q, k, v, True, bottom_right=True)))
+            # before the unmasked diagonal block: with Lk - Lq >= block_size the two give the same values
+            table += [(T_BOTTOM_RIGHT, lambda: _exact(q, k, v, True, bottom_right=True)),
+                      (T_BOTTOM_RIGHT, lambda: _tiled(q, k, v, block_size, True,
+                                                      diagonal=1 + k.size(-2) - q.size(-2)))]
+        table.append((T_DIAG_UNMASKED, lambda: _tiled(q, k, v, block_size, True, diagonal=None)))
     return table
 
 
@@ -442,11 +469,27 @@ def _check_tiled(learner, q, k, v, block_size, causal=False, device="cpu", long=
     expected = _exact(q, k, v, causal)
     if close(got, expected.to(q.dtype), device):
         return
-    if long and _right_in_float32(lambda: learner.tiled_attention(q.float(), k.float(), v.float(),
-                                                                  block_size=block_size, causal=causal), expected):
-        raise Hint(T_HALF_SUM)
-    generic = T_HALF if q.dtype in HALF else T_GENERIC if _finite(got) else T_NAN
+    if q.dtype in HALF:
+        _check_tiled_half(learner, got, q, k, v, block_size, causal, expected, long)
+    generic = T_GENERIC if _finite(got) else T_NAN
     raise Hint(diagnose(got, _tiled_mistakes(q, k, v, block_size, causal), generic, same=_same(q.dtype)))
+
+
+def _check_tiled_half(learner, got, q, k, v, block_size, causal, expected, long):
+    """Fails with the hint for `got`, wrong in half precision, after calling the learner's function on the same
+    values in float32. Right there, it computes in half precision; wrong there too, its float32 result's mistake
+    is named (the hint a float32 check gives), or the value checks come first."""
+    try:
+        got32 = learner.tiled_attention(q.float(), k.float(), v.float(), block_size=block_size, causal=causal)
+        got32 = tensor(got32, TILED, shape=_tiled_shape(q, k, v), dtype=F32)
+    except (LearnerError, Hint):
+        got32 = None  # nothing to compare: the half-precision hint
+    if got32 is None or close(got32, expected.float()):
+        if long and got32 is not None:
+            raise Hint(T_HALF_SUM)
+        raise Hint(diagnose(got, _tiled_mistakes(q, k, v, block_size, causal), T_HALF, same=_same(q.dtype)))
+    generic = T_HALF_WRONG if _finite(got32) else T_NAN
+    raise Hint(diagnose(got32, _tiled_mistakes(q, k, v, block_size, causal), generic, same=_same(F32)))
 
 
 def _qkv(rng, lead, Lq, Lk, d, d_v, dtype=F32, device="cpu"):
@@ -562,17 +605,35 @@ def test_tiled_attention_reads_keys_by_block(learner, reference, rng):
     noted = _noter(learner)
     function = learner.attribute(TILED, "__call__")
     expect(isinstance(function, RemoteObject), NOTES_GONE)
+    notes = _notes(noted, function, q, k, v)
+    if notes is None:
+        return  # it ran without the dispatch mode and not under it: what it does cannot be seen, no verdict
+    per_index = notes["largest"] / math.prod(REC_LEAD)
+    fused = notes["fused"] or notes["op"] == "_safe_softmax"  # (the math kernel of F.scaled_dot_product_attention)
+    if per_index <= REC_BOUND:
+        return
+    expect(not fused, T_PLAIN_FUSED)
+    # Blocks of a size of their own, or a softmax over all the keys: more keys tell them apart (REC_LK_LONG).
+    q, k, v = _qkv(rng, REC_LEAD, REC_LQ, REC_LK_LONG, 8, 5)
+    longer = _notes(noted, function, q, k, v)
+    expect(longer is not None and not longer["fused"], T_PLAIN_SOFTMAX)
+    share = per_index / REC_LK  # per key, with REC_LK keys
+    expect(longer["largest"] / math.prod(REC_LEAD) / REC_LK_LONG >= REC_SHARE * share, T_BLOCK_SIZE)
+    raise Hint(T_PLAIN_SOFTMAX)
+
+
+def _notes(noted, function, q, k, v):
+    """What `noted` saw of the learner's function on q, k, v with block_size=REC_BLOCK: the dict of NOTER's `noted`,
+    checked, or None when the call raised under the mode."""
     try:
         reply = noted(function, q, k, v, block_size=REC_BLOCK)
     except (LearnerError, NotImplementedRemote):
-        return  # it ran without the dispatch mode and not under it: what it does cannot be seen, no verdict
+        return None
     expect(isinstance(reply, (tuple, list)) and len(reply) == 2 and isinstance(reply[1], dict), NOTES_GONE)
     notes = reply[1]
     expect(set(notes) == {"largest", "op", "fused"} and type(notes["largest"]) is int
            and type(notes["op"]) is str and type(notes["fused"]) is bool, NOTES_GONE)
-    per_index = notes["largest"] / math.prod(REC_LEAD)
-    fused = notes["fused"] or notes["op"] == "_safe_softmax"  # (the math kernel of F.scaled_dot_product_attention)
-    expect(per_index <= REC_BOUND, T_PLAIN_FUSED if fused else T_PLAIN_SOFTMAX)
+    return notes
 
 
 @points(1, part="tiled_attention")

@@ -106,6 +106,23 @@ MISTAKES = {
         (SKIP, "if causal and j0 >= i0:"),)),
     "causal_skip_too_late": Mistake(18, CAUSAL, _all(CAUSAL, "past the diagonal without masking"), edits=(
         (SKIP, "if causal and j0 > i0 + block_size:"),)),
+    # The blocks above the diagonal skipped, the one on it never masked: its queries see the keys after them. The
+    # half-precision check calls it again in float32, wrong there too: the causal hint, not "compute in float32".
+    "causal_diagonal_block_unmasked": Mistake(18, CAUSAL, _all(CAUSAL, "does not mask the key block on the diagonal"),
+                                              edits=(("if causal and j0 == i0:",
+                                                      "if causal and j0 == i0 and False:"),)),
+    # The diagonal counted from the end of both sequences (j <= i + Lk - Lq) in the diagonal block, the skipping
+    # right: right when Lq == Lk (the skip check), wrong on the Lq != Lk inputs of the causal and dtype checks.
+    "causal_bottom_right_in_blocks": Mistake(19, CAUSAL - {SKIPS},
+                                             _all(CAUSAL - {SKIPS}, "aligns the mask to the end of the keys"), edits=(
+        ("dtype=torch.bool, device=q.device).triu(1)", "dtype=torch.bool, device=q.device).triu(1 + Lk - Lq)"),)),
+    # block_size ignored (a fixed 64, more than the checks' keys): right values, but the causal skip check's keys
+    # are read in one block, and the method check sees tiles that do not follow block_size.
+    "tiled_ignores_block_size": Mistake(20, {SKIPS, BY_BLOCK},
+                                        {SKIPS: "in blocks larger than block_size",
+                                         BY_BLOCK: "does not split the keys into blocks of block_size"},
+                                        edits=((START, START.replace("    Lq, d, Lk, dtype",
+                                                                     "    block_size = 64\n    Lq, d, Lk, dtype")),)),
     # Right values from the whole Lq x Lk matrix: the memory check, measured by the grader, sees it, the skip check
     # (its causal weights of 0 meet every value) and the method check (a softmax over all the keys at once).
     "tiled_builds_full_matrix": Mistake(19, {MEMORY, SKIPS, BY_BLOCK},
