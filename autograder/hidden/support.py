@@ -162,6 +162,25 @@ def _as_tensor(x):
     return None
 
 
+def broadcast_shape(*shapes) -> tuple:
+    """The shape that `shapes` broadcast to, as torch.broadcast_shapes gives it, or a RuntimeError where they do
+    not. Plain Python: torch.broadcast_shapes imports PyTorch's symbolic shapes and SymPy on its first call (a third
+    of a second of a check)."""
+    n = max((len(s) for s in shapes), default=0)
+    out = [1] * n
+    for shape in shapes:
+        for i, d in enumerate(tuple(shape)[::-1]):
+            d = int(d)
+            if d < 0:
+                raise RuntimeError(f"shape {tuple(shape)} has a negative size")
+            j = n - 1 - i
+            if out[j] == 1:
+                out[j] = d
+            elif d != 1 and d != out[j]:
+                raise RuntimeError(f"shapes {[tuple(s) for s in shapes]} do not broadcast")
+    return tuple(out)
+
+
 def close(actual, expected, device=None, rtol=None, atol=None, equal_nan=False) -> bool:
     """True when `actual` is a tensor/array of `expected`'s shape, allclose to it.
 

@@ -26,7 +26,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from autograder.hidden.support import (DEVICE_ERRORS, FIXED_DEVICE_HINT, Hint, close, diagnose, expect,
+from autograder.hidden.support import (DEVICE_ERRORS, FIXED_DEVICE_HINT, Hint, broadcast_shape, close, diagnose, expect,
                                        expect_device_agnostic, expect_grads, learner_grads, learner_module, method,
                                        module, points, random_mask, submodule, tensor, vjp)
 from autograder.runner import LearnerError, MissingName, NotImplementedRemote, RemoteObject
@@ -472,7 +472,7 @@ def _fits(mask, scores_shape):
     if mask is None:
         return True
     try:
-        return torch.broadcast_shapes(tuple(mask.shape), scores_shape) == scores_shape
+        return broadcast_shape(tuple(mask.shape), scores_shape) == tuple(scores_shape)
     except RuntimeError:
         return False
 
@@ -1317,9 +1317,9 @@ SHOWN = CACHED_MISTAKES + ("no_pad", "no_src_mask", "row0_stop", "first_pos", "l
 
 def _ref_greedy(reference, ref, src, max_len, sos, eos, pad, mistake=None):
     """The reference model's greedy decoding, as the chosen model and source must show it (tests/test_hidden_cases.py
-    compares it with the tokens `_candidates` derives from its batches), with one typical mistake: of the cached decoder, "offset_zero"
-    (every token fed at position 0), "first_cache" (the first step's caches passed at every step), "no_cache",
-    "offset_plus_one" (each token fed one position too far);
+    compares it with the tokens `_candidates` derives from its batches), with one typical mistake: of the cached
+    decoder, "offset_zero" (every token fed at position 0), "first_cache" (the first step's caches passed at every
+    step), "no_cache", "offset_plus_one" (each token fed one position too far);
     of either, "no_pad" (rows go on after their eos, never padded), "no_src_mask" (no source mask), "row0_stop"
     (stop when row 0 is finished), "first_pos" (the argmax of the first position's logits), "leaky_mask" (a
     causal mask through which each position sees the next one: the last position's logits change only through

@@ -31,7 +31,7 @@ these, and a tiled function with a rescaling bug loses only the value points.
 A function that takes, for each block of queries, a plain softmax of its scores against all the keys (or
 against the key blocks' scores concatenated) gives exact values in little memory (a 512 x 16384 block of
 scores is 32 MiB): only the way it computes them shows it. `test_tiled_attention_reads_keys_by_block` runs
-the learner's function under a torch dispatch mode made in the learner's process (NOTER below), which
+the learner's function under a torch function mode made in the learner's process (NOTER below), which
 notes the largest tensor that an exp, softmax, logsumexp or max operation meets (and the scores a fused
 attention kernel would hold): with one block of 4 queries and 61 keys (fifteen blocks of 4 and one key), an
 online softmax never meets more than a block of 4 x 4 scores per leading index (a column more where it
@@ -57,8 +57,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from autograder.hidden.support import (DEVICE_ERRORS, HALF, Hint, close, diagnose, expect, expect_device_agnostic,
-                                       method, points, tensor)
+from autograder.hidden.support import (DEVICE_ERRORS, HALF, Hint, broadcast_shape, close, diagnose, expect,
+                                       expect_device_agnostic, method, points, tensor)
 from autograder.runner import LearnerError, NotImplementedRemote, RemoteObject
 
 F32, F64 = torch.float32, torch.float64
@@ -95,28 +95,39 @@ REC_BOUND = 2 * REC_BLOCK * REC_BLOCK
 REC_LK_LONG, REC_SHARE = 1021, 0.75
 
 # Made in the learner's process (a check cannot send a function there): `noted(f, *args, **kwargs)` calls f under a
-# torch dispatch mode and returns (its result, {"largest", "op", "fused"}): the most elements of a tensor that an
+# torch function mode (a dispatch mode imports SymPy there on its first use: a second of every check) and returns
+# (its result, {"largest", "op", "fused"}): the most elements of a tensor that an
 # exp-like, softmax-like or max-like operation read or wrote (for a fused attention kernel, the scores it would
 # hold: queries times keys), that operation's name, and whether a fused attention kernel ran. It changes nothing.
 NOTER = """
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
+from torch.overrides import TorchFunctionMode
 
-WATCHED = {"exp", "exp_", "exp2", "exp2_", "expm1", "expm1_", "_softmax", "_log_softmax", "_safe_softmax",
-           "softmax", "log_softmax", "logsumexp", "amax", "max"}
+WATCHED = {"exp", "exp_", "exp2", "exp2_", "special_exp2", "expm1", "expm1_", "softmax", "log_softmax", "_softmax",
+           "_log_softmax", "_safe_softmax", "logsumexp", "amax", "max", "__rpow__"}
 FUSED = ("scaled_dot_product", "flash_attention", "efficient_attention", "cudnn_attention")
 
 
-class Noted(TorchDispatchMode):
+def leaves(x, depth=0):
+    if isinstance(x, torch.Tensor):
+        yield x
+    elif depth < 3 and isinstance(x, (list, tuple)):
+        for y in x:
+            yield from leaves(y, depth + 1)
+    elif depth < 3 and isinstance(x, dict):
+        for y in x.values():
+            yield from leaves(y, depth + 1)
+
+
+class Noted(TorchFunctionMode):
     def __init__(self):
         super().__init__()
         self.largest, self.op, self.fused = 0, "", False
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        name = str(func.overloadpacket.__name__)
-        found = [t for t in tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor)]
+        name = str(getattr(func, "__name__", ""))
+        found = list(leaves((args, kwargs or {}, out)))
         n = 0
         if any(f in name for f in FUSED):
             self.fused = True
@@ -416,7 +427,7 @@ def _tiled(q, k, v, block_size, causal=False, *, rescale_out=True, rescale_sum=T
     Lq, Lk = q.size(-2), k.size(-2)
     if scale:
         q = q / math.sqrt(q.size(-1))
-    batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    batch = broadcast_shape(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     out = []
     for i0 in range(0, Lq, block_size):
         i1 = min(i0 + block_size, Lq)
@@ -460,7 +471,7 @@ def _tiled_mistakes(q, k, v, block_size, causal):
 
 
 def _tiled_shape(q, k, v):
-    return (*torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2]), q.size(-2), v.size(-1))
+    return (*broadcast_shape(q.shape[:-2], k.shape[:-2], v.shape[:-2]), q.size(-2), v.size(-1))
 
 
 def _check_tiled(learner, q, k, v, block_size, causal=False, device="cpu", long=False):
@@ -607,7 +618,7 @@ def test_tiled_attention_reads_keys_by_block(learner, reference, rng):
     expect(isinstance(function, RemoteObject), NOTES_GONE)
     notes = _notes(noted, function, q, k, v)
     if notes is None:
-        return  # it ran without the dispatch mode and not under it: what it does cannot be seen, no verdict
+        return  # it ran without the function mode and not under it: what it does cannot be seen, no verdict
     per_index = notes["largest"] / math.prod(REC_LEAD)
     fused = notes["fused"] or notes["op"] == "_safe_softmax"  # (the math kernel of F.scaled_dot_product_attention)
     if per_index <= REC_BOUND:
