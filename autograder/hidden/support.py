@@ -306,6 +306,22 @@ def module(h, name: str):
     return h
 
 
+def learner_builtins(learner, hint: str):
+    """The builtins module of the learner's process (through its torch), as a handle, or `hint`."""
+    builtins = learner.attribute("torch", "builtins")
+    expect(isinstance(builtins, RemoteObject), hint)
+    return builtins
+
+
+def made_in_learner(learner, expression: str, hint: str, builtins=None, **names):
+    """The value of `expression` evaluated in the learner's process, with its own builtins and `names` (a check
+    cannot send a function there: a recorder or a wrapper is made there from source), or `hint` where the
+    notebook's torch no longer leads to them."""
+    builtins = builtins if builtins is not None else learner_builtins(learner, hint)
+    # (globals that hold __builtins__ already: eval leaves them as they are, an argument it does not change)
+    return method(builtins, "eval", "builtins")(expression, {"__builtins__": builtins, **names})
+
+
 def method(h, attr: str, name: str = ""):
     """The method `attr` of the learner's object `h` (a handle), or a hint when it is not one.
     (torch.nn.Module's own methods, such as eval or to, are checked this way by the proxy itself.)"""

@@ -27,8 +27,9 @@ import torch
 import torch.nn.functional as F
 
 from autograder.hidden.support import (DEVICE_ERRORS, FIXED_DEVICE_HINT, Hint, broadcast_shape, close, diagnose, expect,
-                                       expect_device_agnostic, expect_grads, learner_grads, learner_module, method,
-                                       module, points, random_mask, submodule, tensor, vjp)
+                                       expect_device_agnostic, expect_grads, learner_builtins, learner_grads,
+                                       learner_module, made_in_learner, method, module, points, random_mask,
+                                       submodule, tensor, vjp)
 from autograder.runner import LearnerError, MissingName, NotImplementedRemote, RemoteObject
 
 F32, F64 = torch.float32, torch.float64
@@ -1703,10 +1704,8 @@ DECODE_NOTER = ("(lambda calls, torch: (lambda f: (lambda *a, **k: (calls.append
 def _decode_noted(learner, m, run):
     """`run()` with the learner's model's decode wrapped, on this model only, to note the shape of the tokens each
     call is fed, however the call is written: (its result, [[shape of tgt_in] per call])."""
-    builtins = learner.attribute("torch", "builtins")
-    expect(isinstance(builtins, RemoteObject), GR_CALLS_GONE)
-    # (globals that hold __builtins__ already: eval leaves them as they are, an argument it does not change)
-    made = method(builtins, "eval", "builtins")(DECODE_NOTER, {"__builtins__": builtins})
+    builtins = learner_builtins(learner, GR_CALLS_GONE)
+    made = made_in_learner(learner, DECODE_NOTER, GR_CALLS_GONE, builtins)
     expect(isinstance(made, tuple) and len(made) == 2 and all(isinstance(f, RemoteObject) for f in made),
            GR_CALLS_GONE)
     wrap, read = made

@@ -58,7 +58,7 @@ import torch
 import torch.nn.functional as F
 
 from autograder.hidden.support import (DEVICE_ERRORS, HALF, Hint, broadcast_shape, close, diagnose, expect,
-                                       expect_device_agnostic, method, points, tensor)
+                                       expect_device_agnostic, made_in_learner, method, points, tensor)
 from autograder.runner import LearnerError, NotImplementedRemote, RemoteObject
 
 F32, F64 = torch.float32, torch.float64
@@ -598,9 +598,7 @@ def _recognised_tiled(got, q, k, v, block_size):
 
 def _noter(learner):
     """`noted` (see NOTER), made in the learner's process, as a handle."""
-    builtins = learner.attribute("torch", "builtins")
-    expect(isinstance(builtins, RemoteObject), NOTES_GONE)
-    made = method(builtins, "eval", "builtins")(MAKE_NOTER, {"__builtins__": builtins, "SRC": NOTER})
+    made = made_in_learner(learner, MAKE_NOTER, NOTES_GONE, SRC=NOTER)
     expect(isinstance(made, RemoteObject), NOTES_GONE)
     return made
 

@@ -59,7 +59,8 @@ import torch
 import torch.nn.functional as F
 
 from autograder.hidden.support import (Hint, close, describe, diagnose, expect, expect_device_agnostic,
-                                       learner_module, method, module, odd_tensor, points, tensor)
+                                       learner_module, made_in_learner, method, module, odd_tensor, points,
+                                       tensor)
 from autograder.runner import LearnerError, RemoteObject
 
 F64 = torch.float64
@@ -1631,9 +1632,7 @@ RECORDER = ("(lambda calls, torch: (lambda m, a, k: calls.append((m.training is 
 def _generate_noted(learner, h, prompt, new, **kw):
     """`generate` on the learner's model `h` with a hook noting each call of the model, however generate makes it
     (ids and caches by position or by name): (the result, the calls as (training, grad enabled, [ids shapes]))."""
-    builtins = _remote(learner.attribute("torch", "builtins"), TORCH_GONE)
-    # (globals that hold __builtins__ already: eval leaves them as they are, an argument it does not change)
-    made = method(builtins, "eval", "builtins")(RECORDER, {"__builtins__": builtins})
+    made = made_in_learner(learner, RECORDER, TORCH_GONE)
     expect(isinstance(made, tuple) and len(made) == 2 and all(isinstance(f, RemoteObject) for f in made), CALLS_GONE)
     hook, read = made
     method(h, "register_forward_pre_hook", "GPT")(hook, with_kwargs=True)  # on this check's model only
