@@ -493,6 +493,15 @@ def _merge_pair_cases(rng):
             ([c, a, b, b, a, b], (a, b), new), ([a, c, b], (a, b), new), ([a], (a, a), new), ([], (a, b), new)]
 
 
+def _ties_case(rng):
+    """A text whose first merge alone tells the tie rules apart, whatever order a training counts its pairs in: a
+    word of four letters x < y < z < w, "yxzxxw", repeated. Its five pairs are counted as often; the smallest,
+    (x, x), is neither the first counted (y, x) nor the largest (z, x), and comes between the other two that start
+    with x: ties by the first id a alone give (x, z) or (x, w), taking the first or the last of them counted."""
+    x, y, z, w = sorted(chr(ord("a") + int(i)) for i in torch.randperm(26, generator=rng)[:4])
+    return " ".join([y + x + z + x + x + w] * _randint(rng, 2, 3)).encode()
+
+
 @points(1, part="train_bpe")
 def test_train_bpe_ties_and_overlapping_pairs(learner, reference, rng):
     """Does merge_pair replace left to right without overlap, and on short texts where the tie rule and
@@ -505,6 +514,7 @@ def test_train_bpe_ties_and_overlapping_pairs(learner, reference, rng):
             raise Hint(diagnose(g, [(TB_SKIP_ONE, _merge(ids, pair, new, "skip1")),
                                     (TB_RIGHT_TO_LEFT, _merge(ids, pair, new, "right"))], MP_GENERIC,
                                 same=lambda x, y: x == y))
+    _judge_train(learner, reference, _ties_case(rng), 256 + _randint(rng, 2, 4))
     for shows in (("largest", "first", "a_only"), ("overlap", "skip1", "right"), ("largest", "first", "overlap")):
         letters = "".join(_pick(rng, "abcxyz") for _ in range(3))
         vocab_size = 256 + _randint(rng, 4, 8)
