@@ -41,7 +41,10 @@ query row, and 244 per block of queries. A function that works in key blocks, bu
 argument: a fixed 64, say, holds all 61 keys), meets as much; it is run once more under the mode, on REC_LK_LONG =
 1021 keys. A softmax over all the keys then meets 1021 scores per query row or more, about as many per key as
 before; tiles of a fixed size meet fewer per key, as they no longer hold all the keys: those are told that their
-blocks do not follow block_size.
+blocks do not follow block_size. The same run adds up the multiply-adds of the matrix products that sum over the
+queries' feature size d (matmul, @, bmm, einsum...): the scores. An online softmax computes each block of them
+once, Lq x Lk x d per leading index; two passes over the keys (the maximum and the sum, then the outputs) compute
+them twice. The bound is half again.
 
 Causal tiled attention must skip the key blocks above the diagonal; that saves time, not
 memory, and its values do not show it (a block processed too early or too late shows in them
@@ -93,16 +96,22 @@ REC_BOUND = 2 * REC_BLOCK * REC_BLOCK
 # REC_LK_LONG scores per query row (about the first run's share per key; a column more, concatenated, gives it 62/61
 # then 1022/1021), tiles of a fixed size T meet T, under REC_SHARE of that share once the keys outnumber T by 4/3.
 REC_LK_LONG, REC_SHARE = 1021, 0.75
+# Each block of scores computed once costs REC_LQ x REC_LK x d multiply-adds per leading index (a last key block
+# padded to a full one, 64/61 of it); two passes over the keys, twice that. The bound is half again.
+REC_SCORES = 1.5
 
-# Made in the learner's process (a check cannot send a function there): `noted(f, *args, **kwargs)` calls f under a
+# Made in the learner's process (a check cannot send a function there): `noted(f, q, ...)` calls f under a
 # torch function mode (a dispatch mode imports SymPy there on its first use: a second of every check) and returns
-# (its result, {"largest", "op", "fused"}): the most elements of a tensor that an
+# (its result, {"largest", "op", "fused", "scores"}): the most elements of a tensor that an
 # exp-like, softmax-like or max-like operation read or wrote (for a fused attention kernel, the scores it would
-# hold: queries times keys), that operation's name, and whether a fused attention kernel ran. It changes nothing.
+# hold: queries times keys), that operation's name, whether a fused attention kernel ran, and the multiply-adds of
+# the matrix products (matmul, @, bmm, mm, einsum of two operands...) that sum over q's feature size d: the scores.
+# Scores written out elementwise are not counted. It changes nothing.
 NOTER = """
 import torch
 from torch.overrides import TorchFunctionMode
 
+PRODUCTS = {"matmul", "__matmul__", "__rmatmul__", "bmm", "mm", "baddbmm", "addmm", "addbmm", "einsum"}
 WATCHED = {"exp", "exp_", "exp2", "exp2_", "special_exp2", "expm1", "expm1_", "softmax", "log_softmax", "_softmax",
            "_log_softmax", "_safe_softmax", "logsumexp", "amax", "max", "__rpow__"}
 FUSED = ("scaled_dot_product", "flash_attention", "efficient_attention", "cudnn_attention")
@@ -119,10 +128,48 @@ def leaves(x, depth=0):
             yield from leaves(y, depth + 1)
 
 
+def einsum_product(args):  # (the size of what a two-operand einsum sums over, its multiply-adds), or None
+    ops = list(args[1]) if len(args) == 2 and isinstance(args[1], (list, tuple)) else list(args[1:])
+    if not args or not isinstance(args[0], str) or len(ops) != 2 or not all(isinstance(t, torch.Tensor) for t in ops):
+        return None
+    lhs, arrow, rhs = args[0].replace(" ", "").partition("->")
+    terms = lhs.split(",")
+    if len(terms) != 2:
+        return None
+    sizes, seen = {}, []
+    for term, t in zip(terms, ops):
+        head, dots, tail = term.partition("...")
+        n = t.dim() - len(head) - len(tail) if dots else 0
+        keys = list(head) + [("...", n - i) for i in range(n)] + list(tail)  # (ellipsis dimensions from the right)
+        if n < 0 or len(keys) != t.dim():
+            return None
+        for key, size in zip(keys, t.shape):
+            sizes[key] = max(sizes.get(key, 1), int(size))
+        seen += [key for key in keys if isinstance(key, str)]
+    kept = set(rhs) if arrow else {c for c in seen if seen.count(c) == 1}
+    inner, total = 1, 1
+    for key, size in sizes.items():
+        total *= size
+        if isinstance(key, str) and key not in kept:
+            inner *= size
+    return inner, total
+
+
+def product(name, args, out):  # (the size of the dimension a matrix product sums over, its multiply-adds), or None
+    if name == "einsum":
+        return einsum_product(args)
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    tensors = tensors[1:] if name.startswith("add") or name == "baddbmm" else tensors
+    tensors = tensors[::-1] if name == "__rmatmul__" else tensors
+    if len(tensors) < 2 or tensors[0].dim() == 0 or not isinstance(out, torch.Tensor):
+        return None
+    return int(tensors[0].size(-1)), out.numel() * int(tensors[0].size(-1))
+
+
 class Noted(TorchFunctionMode):
-    def __init__(self):
+    def __init__(self, d):
         super().__init__()
-        self.largest, self.op, self.fused = 0, "", False
+        self.largest, self.op, self.fused, self.d, self.scores = 0, "", False, d, 0
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -135,16 +182,20 @@ class Noted(TorchFunctionMode):
                 n = found[0].numel() // max(found[0].size(-1), 1) * found[1].size(-2)
         elif name in WATCHED or (name == "pow" and args and not isinstance(args[0], torch.Tensor)):
             n = max((t.numel() for t in found), default=0)
+        elif name in PRODUCTS:
+            made = product(name, args, out)
+            if made is not None and made[0] == self.d:  # queries times keys: scores
+                self.scores += made[1]
         if n > self.largest:
             self.largest, self.op = int(n), name
         return out
 
 
 def noted(f, *args, **kwargs):
-    mode = Noted()
+    mode = Noted(int(args[0].size(-1)))  # the queries' feature size: what a product of scores sums over
     with mode:
         out = f(*args, **kwargs)
-    return out, {"largest": mode.largest, "op": mode.op, "fused": mode.fused}
+    return out, {"largest": mode.largest, "op": mode.op, "fused": mode.fused, "scores": mode.scores}
 """
 # evaluated in the learner's process, with its builtins: NOTER run in a fresh namespace, and its `noted`
 MAKE_NOTER = "(lambda g: (exec(SRC, g), g['noted'])[1])({'__builtins__': __builtins__})"
@@ -236,6 +287,10 @@ T_PLAIN_FUSED = ("`tiled_attention` hands a block of queries and all the keys to
                  "that is PyTorch's attention, not yours. Read the keys one block of block_size at a time and keep, "
                  "per query row, the running maximum m, sum s and output o, rescaled by exp(m_old - m_new) for each "
                  "new key block.")
+T_SCORES_TWICE = ("`tiled_attention` computes each block of scores more than once (q k^T of the same queries and keys "
+                  "again: a first pass over the keys for the maximum and the sum, then a second for the outputs?). "
+                  "One pass is enough: keep the running output o beside m and s, and rescale it by exp(m_old - m_new) "
+                  "as each key block comes in.")
 T_BLOCK_SIZE = ("`tiled_attention` does not split the keys into blocks of block_size: with block_size=4 it still "
                 "normalises a block of queries' scores against far more keys at once (its tiles have a size of "
                 "their own, or block_size is ignored). Use block_size for both the query and the key blocks: only "
@@ -606,7 +661,7 @@ def _noter(learner):
 @points(1, part="tiled_attention")
 def test_tiled_attention_reads_keys_by_block(learner, reference, rng):
     """Does tiled_attention read the keys one block at a time (the online softmax), never normalising a block of
-    queries' scores against all the keys at once?"""
+    queries' scores against all the keys at once, and computing each block of scores once?"""
     q, k, v = _qkv(rng, REC_LEAD, REC_LQ, REC_LK, 8, 5)
     got = tensor(learner.tiled_attention(q, k, v, block_size=REC_BLOCK), TILED, shape=(*REC_LEAD, REC_LQ, 5),
                  dtype=F32)
@@ -620,6 +675,7 @@ def test_tiled_attention_reads_keys_by_block(learner, reference, rng):
     per_index = notes["largest"] / math.prod(REC_LEAD)
     fused = notes["fused"] or notes["op"] == "_safe_softmax"  # (the math kernel of F.scaled_dot_product_attention)
     if per_index <= REC_BOUND:
+        expect(notes["scores"] <= REC_SCORES * REC_LQ * REC_LK * q.size(-1) * math.prod(REC_LEAD), T_SCORES_TWICE)
         return
     expect(not fused, T_PLAIN_FUSED)
     # Blocks of a size of their own, or a softmax over all the keys: more keys tell them apart (REC_LK_LONG).
@@ -640,8 +696,8 @@ def _notes(noted, function, q, k, v):
         return None
     expect(isinstance(reply, (tuple, list)) and len(reply) == 2 and isinstance(reply[1], dict), NOTES_GONE)
     notes = reply[1]
-    expect(set(notes) == {"largest", "op", "fused"} and type(notes["largest"]) is int
-           and type(notes["op"]) is str and type(notes["fused"]) is bool, NOTES_GONE)
+    expect(set(notes) == {"largest", "op", "fused", "scores"} and type(notes["largest"]) is int
+           and type(notes["op"]) is str and type(notes["fused"]) is bool and type(notes["scores"]) is int, NOTES_GONE)
     return notes
 
 

@@ -65,6 +65,20 @@ CONCATENATED = ((RUNNING_OUT, RUNNING_OUT + "        parts = []\n"), (UPDATE, " 
                  "        scores = torch.cat(parts, dim=-1)  # (..., nq, keys read)\n"
                  "        del parts\n"
                  "        out.append(torch.softmax(scores, dim=-1) @ v[..., :scores.size(-1), :])\n"))
+# Two passes over the keys: the running maximum and sum first, then the outputs with the final ones (every score
+# computed twice, every key read twice).
+TWO_PASSES = (("            o = o * alpha + p @ v[..., j0:j1, :]\n", ""),
+              ("        out.append(o / s)\n",
+               "        for j0 in range(0, Lk, block_size):\n"
+               "            if causal and j0 > i0:\n"
+               "                break\n"
+               "            j1 = min(j0 + block_size, Lk)\n"
+               "            scores = qb @ kT[..., j0:j1]\n"
+               "            if causal and j0 == i0:\n"
+               "                future = torch.ones(i1 - i0, j1 - j0, dtype=torch.bool, device=q.device).triu(1)\n"
+               "                scores = scores.masked_fill(future, -math.inf)\n"
+               "            o = o + torch.exp(scores - m) @ v[..., j0:j1, :]\n"
+               "        out.append(o / s)\n"))
 # A correct online softmax written another way: each key block's softmax merged into the running one through the
 # log-sum-exps (m holds the running log-sum-exp, o the running output already normalised).
 LSE_MERGE = ((UPDATE, "            block_lse = torch.logsumexp(scores, dim=-1, keepdim=True)  # (..., nq, 1)\n"
@@ -144,6 +158,9 @@ MISTAKES = {
                                                         "F.scaled_dot_product_attention",
                                               MEMORY: "builds (nearly) the whole Lq x Lk"},
                                              edits=((START, SDPA + "    Lq, d, Lk, dtype"),)),
+    # Right values, blocks of scores only: the scores computed twice show.
+    "tiled_two_passes": Mistake(21, {BY_BLOCK}, {BY_BLOCK: "computes each block of scores more than once"},
+                                edits=TWO_PASSES),
     # The online softmax merged through log-sum-exps (a softmax of each key block): full marks.
     "tiled_logsumexp_merge_correct": Mistake(22, set(), {}, edits=LSE_MERGE),
     # Blocks above the diagonal read and masked rather than skipped: right values, and the same memory.
