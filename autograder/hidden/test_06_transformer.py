@@ -190,9 +190,10 @@ def _r(t):
 
 
 def _state(rng, module):
-    """Random float64 weights (float32 values) for `module`'s state dict: norms near 1, everything else small."""
+    """Random float64 weights (float32 values) for `module`'s state dict (or for a state dict): norms near 1,
+    everything else small."""
     sd = {}
-    for n, p in module.state_dict().items():
+    for n, p in (module if isinstance(module, dict) else module.state_dict()).items():
         if n.endswith("pe"):
             sd[n] = p.double()
         elif "norm" in n and n.endswith("weight"):
@@ -1370,32 +1371,134 @@ def _row0_early(out, eos):
     return _finishes_unevenly(out, eos) and firsts[0] < max(firsts)
 
 
-def _never_stopped(ref, memory, sm, max_len, sos, eos, delta, mistake=None):
-    """Every row's greedy tokens (R, max_len) from the reference model `ref` and its `memory`, never padded and
-    never stopped, with `delta` (R,) added to each row's eos logit (the eos bias its candidate is decoded with),
-    made with one typical mistake of `_ref_greedy` or none (with the cache, the same tokens as recomputing the
-    prefix, but for float rounding). Rows are independent: a row's tokens up to its first eos are those that any
-    decoding of its batch outputs (after it, a decoder pads, or, with "no_pad", goes on as here), so one batch
-    holds many candidates' rows and `_stopped` cuts out what a decoder of one candidate would output."""
-    ys = torch.full((memory.shape[0], 1), sos, dtype=torch.long)
-    caches, toks = None, []
-    for t in range(max_len):
-        if mistake in ("leaky_mask", "no_causal"):
-            logits, _ = ref.decode(ys, memory, sm, _leaky(ys.shape[1]) if mistake == "leaky_mask" else None)
-        else:
-            logits, new = ref.decode(ys[:, -1:], memory, sm, None, None if mistake == "no_cache" else caches,
-                                     offset=0 if mistake == "offset_zero" else t + (mistake == "offset_plus_one"))
-            caches = caches if mistake == "first_cache" and caches is not None else new
-        z = logits[:, -1].clone()
+class _Fast:
+    """The reference model (its float64 state dict `sd`, `H` heads), written again here with fewer operations, for
+    the model search of the greedy checks alone: packed projections, the memory's keys and values computed once,
+    and, for decoding with a cache, rows that each make their own typical mistake in one batch. Its tokens are the
+    reference's but for float rounding (tests/test_hidden_cases.py compares them with `_ref_greedy`), and the
+    model chosen is decoded again with the reference itself."""
+
+    def __init__(self, sd, H, norm_first):
+        pair = lambda n: (sd[f"{n}.weight"], sd[f"{n}.bias"])  # noqa: E731
+        packed = lambda p, cs: tuple(torch.cat(t) for t in zip(*(pair(f"{p}.W_{c}") for c in cs)))  # noqa: E731
+        self.D = sd["tgt_embed.weight"].shape[1]
+        self.H, self.nf = H, norm_first
+        self.embed = {n: sd[f"{n}_embed.weight"] * math.sqrt(self.D) for n in ("src", "tgt")}
+        self.pe = sd["pos.pe"]
+        n_enc = len({n.split(".")[1] for n in sd if n.startswith("encoder.")})
+        n_dec = len({n.split(".")[1] for n in sd if n.startswith("decoder.")})
+        self.encoders = [{"qkv": packed(f"encoder.{i}.self_attn", "qkv"), "so": pair(f"encoder.{i}.self_attn.W_o"),
+                          "f1": pair(f"encoder.{i}.ff.linear1"), "f2": pair(f"encoder.{i}.ff.linear2"),
+                          "norms": [pair(f"encoder.{i}.norm{j}") for j in (1, 2)]} for i in range(n_enc)]
+        self.layers = [{"qkv": packed(f"decoder.{i}.self_attn", "qkv"), "so": pair(f"decoder.{i}.self_attn.W_o"),
+                        "cq": pair(f"decoder.{i}.cross_attn.W_q"), "ckv": packed(f"decoder.{i}.cross_attn", "kv"),
+                        "co": pair(f"decoder.{i}.cross_attn.W_o"), "f1": pair(f"decoder.{i}.ff.linear1"),
+                        "f2": pair(f"decoder.{i}.ff.linear2"),
+                        "norms": [pair(f"decoder.{i}.norm{j}") for j in (1, 2, 3)]} for i in range(n_dec)]
+        self.enc_final = pair("enc_norm") if norm_first else None
+        self.final, self.out = pair("dec_norm") if norm_first else None, pair("out")
+
+    def encode(self, src, seen):
+        """The memory (N, S, D) of the source tokens (N, S), `seen` (N, 1, 1, S) True where a key is seen, or None."""
+        x = self.embed["src"][src] + self.pe[:src.shape[1]]
+        for L in self.encoders:
+            n1, n2 = L["norms"]
+            h = self._norm(x, n1) if self.nf else x
+            a = F.linear(self._attend(*(self._heads(p) for p in F.linear(h, *L["qkv"]).split(self.D, -1)), seen),
+                         *L["so"])
+            x = x + a if self.nf else self._norm(x + a, n1)
+            h = self._norm(x, n2) if self.nf else x
+            f = F.linear(F.relu(F.linear(h, *L["f1"])), *L["f2"])
+            x = x + f if self.nf else self._norm(x + f, n2)
+        return self._norm(x, self.enc_final) if self.nf else x
+
+    def _heads(self, x):  # (N, T, D) -> (N, H, T, d_head)
+        return x.reshape(*x.shape[:2], self.H, -1).transpose(1, 2)
+
+    def _attend(self, q, k, v, seen):  # seen: True where a key is seen, broadcastable to (N, H, Lq, Lk)
+        s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        if seen is not None:
+            s = s.masked_fill(~seen, float("-inf"))
+        out = torch.softmax(s, -1) @ v
+        return out.transpose(1, 2).reshape(out.shape[0], out.shape[2], self.D)
+
+    def _norm(self, x, p):
+        return F.layer_norm(x, (self.D,), p[0], p[1], 1e-5)
+
+    def cross(self, memory):
+        """Each layer's keys and values of the memory (N, S, D)."""
+        return [tuple(self._heads(t) for t in F.linear(memory, *L["ckv"]).split(self.D, -1)) for L in self.layers]
+
+    def _layer(self, i, x, ckv, mseen, seen, cache=None, t=0):
+        """Decoder layer i on x (N, T, D): self-attention over x's positions, or, with a cache (keys and values
+        (N, H, max_len, d_head)), over the positions up to t, x's keys and values written at t."""
+        L = self.layers[i]
+        n1, n2, n3 = L["norms"]
+        h = self._norm(x, n1) if self.nf else x
+        q, k, v = (self._heads(p) for p in F.linear(h, *L["qkv"]).split(self.D, -1))
+        if cache is not None:
+            cache[0][:, :, t:t + 1], cache[1][:, :, t:t + 1] = k, v
+            k, v = cache[0][:, :, :t + 1], cache[1][:, :, :t + 1]
+        a = F.linear(self._attend(q, k, v, seen), *L["so"])
+        x = x + a if self.nf else self._norm(x + a, n1)
+        h = self._norm(x, n2) if self.nf else x
+        c = F.linear(self._attend(self._heads(F.linear(h, *L["cq"])), *ckv, mseen), *L["co"])
+        x = x + c if self.nf else self._norm(x + c, n2)
+        h = self._norm(x, n3) if self.nf else x
+        f = F.linear(F.relu(F.linear(h, *L["f1"])), *L["f2"])
+        return x + f if self.nf else self._norm(x + f, n3)
+
+    def _next(self, x, eos, delta):
+        """The argmax of the last position's logits, `delta` (N,) added to eos's."""
+        x = x[:, -1]
+        z = F.linear(self._norm(x, self.final) if self.nf else x, *self.out)
         z[:, eos] += delta
-        y = z.argmax(-1)
-        toks.append(y)
-        ys = torch.cat([ys, y[:, None]], 1)
-    return torch.stack(toks, 1)
+        return z.argmax(-1)
+
+    def cached(self, memory, mseen, max_len, sos, eos, delta, mistakes):
+        """Never-stopped greedy tokens (N, max_len) decoded one token a step with a cache: never padded, never
+        stopped, `delta` (N,) added to each row's eos logit (the eos bias its candidate is decoded with). Row n
+        makes the typical mistake mistakes[n] of cached decoding ("offset_zero", "first_cache", "no_cache",
+        "offset_plus_one"), or none (None, or "no_src_mask", whose memory and `mseen` are made without the mask).
+        Every row keeps every position's keys and values; where a decoder with the mistake would not pass them on,
+        the row does not see them. Rows are independent: a row's tokens up to its first eos are those that any
+        decoding of its batch outputs (after it, a decoder pads, or, with "no_pad", goes on as here), so one batch
+        holds many candidates' rows and `_stopped` cuts out what a decoder of one candidate would output."""
+        N, T = memory.shape[0], max_len
+        zero = torch.tensor([m == "offset_zero" for m in mistakes])
+        shift = torch.tensor([int(m == "offset_plus_one") for m in mistakes])
+        every = torch.tensor([m not in ("first_cache", "no_cache") for m in mistakes])[:, None]
+        first = torch.tensor([m == "first_cache" for m in mistakes])[:, None]
+        ckvs = self.cross(memory)
+        d_head = self.D // self.H
+        caches = [(memory.new_empty(N, self.H, T, d_head), memory.new_empty(N, self.H, T, d_head))
+                  for _ in self.layers]
+        y, toks = torch.full((N,), sos, dtype=torch.long), []
+        for t in range(T):
+            x = (self.embed["tgt"][y] + self.pe[torch.where(zero, 0, t + shift)])[:, None]  # (N, 1, D)
+            j = torch.arange(t + 1)[None]
+            seen = (every | (j == t) | (first & (j == 0)))[:, None, None]  # (N, 1, 1, t + 1)
+            for i, (ckv, cache) in enumerate(zip(ckvs, caches)):
+                x = self._layer(i, x, ckv, mseen, seen, cache, t)
+            y = self._next(x, eos, delta)
+            toks.append(y)
+        return torch.stack(toks, 1)
+
+    def recomputed(self, memory, mseen, max_len, sos, eos, delta, tgt_mask):
+        """Never-stopped greedy tokens (N, max_len), the whole prefix decoded at each step under tgt_mask(T)."""
+        ckvs = self.cross(memory)
+        ys = torch.full((memory.shape[0], 1), sos, dtype=torch.long)
+        for _ in range(max_len):
+            T = ys.shape[1]
+            x, seen = self.embed["tgt"][ys] + self.pe[:T], tgt_mask(T)
+            for i, ckv in enumerate(ckvs):
+                x = self._layer(i, x, ckv, mseen, seen)
+            ys = torch.cat([ys, self._next(x, eos, delta)[:, None]], 1)
+        return ys[:, 1:]
 
 
 def _stopped(raw, eos, pad, *, masked=True, row0=False):
-    """What a greedy decoder outputs, given its rows' never-stopped tokens (`_never_stopped`): padded after each
+    """What a greedy decoder outputs, given its rows' never-stopped tokens (`_Fast`): padded after each
     row's first eos (unless not `masked`) and stopped at the step where every row (or row 0) is finished."""
     L = raw.shape[1]
     first = [row.index(eos) if eos in row else L for row in raw.tolist()]
@@ -1406,7 +1509,7 @@ def _stopped(raw, eos, pad, *, masked=True, row0=False):
     return out
 
 
-# Each typical mistake's tokens, from which run of `_never_stopped` (its own, or the right one's) and how cut. With
+# Each typical mistake's tokens, from which never-stopped run (its own, or the right one's) and how cut. With
 # "first_pos", the first position's logits are the first step's at every step (it sees sos alone): the first token,
 # repeated.
 _CUT = {"no_pad": ("right", {"masked": False}), "row0_stop": ("right", {"row0": True}),
@@ -1414,24 +1517,26 @@ _CUT = {"no_pad": ("right", {"masked": False}), "row0_stop": ("right", {"row0": 
 N_SOURCES, N_BIASES = 8, 6
 
 
-def _candidates(reference, ref, srcs, deltas, B, max_len, sos, eos, pad, shown):
-    """Of the candidates (a source of `srcs`, an eos bias of `deltas`) on the reference model `ref`: those whose
+def _candidates(reference, sd, H, norm_first, srcs, deltas, B, max_len, sos, eos, pad, shown):
+    """Of the candidates (a source of `srcs`, an eos bias of `deltas`) on the reference model (its float64 state dict
+    `sd`, `H` heads, `norm_first`): those whose
     greedy outputs finish unevenly, with the row that finishes first moved to row 0 (where B > 1), and differ from
-    all pad and from each typical mistake's of `shown`, which all differ from each other. Each mistake's decoding
-    runs once, for every candidate still in, in one batch. Returns, for each, (source index, delta index, row order,
+    all pad and from each typical mistake's of `shown`, which all differ from each other. Every candidate is
+    decoded in two batches (`_Fast`): with the cache, right and with each typical mistake of the cache, of the
+    offset and of the source mask; and recomputing the prefix under a leaky causal mask. Returns, for each, (source index, delta index, row order,
     [right tokens, all pad, each mistake's tokens]): tests/test_hidden_cases.py compares them with `_ref_greedy`."""
     K = len(srcs)
     cands = [(k, j) for j in range(len(deltas)) for k in range(K)]
     src_all = torch.cat([srcs[k] for k, _ in cands])
+    R = src_all.shape[0]
     delta_all = torch.tensor([float(deltas[j]) for _, j in cands], dtype=F64).repeat_interleave(B)
     sm_all = reference.make_src_mask(src_all, pad)
-    memory = ref.encode(src_all, sm_all)
-    right = _never_stopped(ref, memory, sm_all, max_len, sos, eos, delta_all)
-    runs = {"right": right, "first": right[:, :1].expand(-1, max_len)}
+    fast = _Fast(sd, H, norm_first)
+    memory = fast.encode(src_all, sm_all)
+    right = fast.cached(memory, sm_all, max_len, sos, eos, delta_all, [None] * R)
     alive = []
     for c, (k, j) in enumerate(cands):
-        raw = right[c * B:(c + 1) * B]
-        out = _stopped(raw, eos, pad)
+        out = _stopped(right[c * B:(c + 1) * B], eos, pad)
         order = list(range(B))
         if B > 1:
             if not _finishes_unevenly(out, eos):
@@ -1443,24 +1548,31 @@ def _candidates(reference, ref, srcs, deltas, B, max_len, sos, eos, pad, shown):
         if torch.equal(out, torch.full((B, max_len), pad)):
             continue
         alive.append((c, k, j, order, [out, torch.full((B, max_len), pad)]))
+    # Each run never stopped, as {candidate: its rows}: the right one's, and each typical mistake's, decoded when
+    # first needed for the candidates still in. The mistakes of the cache, the offset and the source mask are decoded
+    # together in one batch (a mistake's tokens are what any greedy decoder that makes it outputs, with the cache or
+    # not, but for float rounding).
+    runs = {"right": {c: right[c * B:(c + 1) * B] for c in range(len(cands))}}
+    runs["first"] = {c: t[:, :1].expand(-1, max_len) for c, t in runs["right"].items()}
+    together = [m for m in shown if m in CACHED_MISTAKES or m == "no_src_mask"]
     for mistake in shown:
-        if not alive:
-            break
         source, cut = _CUT.get(mistake, (mistake, {}))
-        if source in runs:
-            run, where = runs[source], {c: c for c, *_ in alive}
-        else:  # only the rows of the candidates still in
+        if source not in runs and alive:
             rows = torch.cat([torch.arange(c * B, (c + 1) * B) for c, *_ in alive])
-            if mistake == "no_src_mask":
-                mem, sm = ref.encode(src_all[rows], None), None
+            n = len(rows)
+            if source == "leaky_mask":
+                made = [source], fast.recomputed(memory[rows], sm_all[rows], max_len, sos, eos, delta_all[rows], _leaky)
             else:
-                mem, sm = memory[rows], sm_all[rows]
-            run = _never_stopped(ref, mem, sm, max_len, sos, eos, delta_all[rows], mistake)
-            where = {c: i for i, (c, *_) in enumerate(alive)}
+                unmasked = fast.encode(src_all[rows], None) if "no_src_mask" in together else None
+                made = together, fast.cached(
+                    torch.cat([unmasked if m == "no_src_mask" else memory[rows] for m in together]),
+                    torch.cat([torch.ones_like(sm_all[rows]) if m == "no_src_mask" else sm_all[rows] for m in together]),
+                    max_len, sos, eos, delta_all[rows].repeat(len(together)), [m for m in together for _ in range(n)])
+            for g, m in enumerate(made[0]):
+                runs[m] = {c: made[1][g * n + i * B:g * n + (i + 1) * B] for i, (c, *_) in enumerate(alive)}
         still = []
         for c, k, j, order, toks in alive:
-            i = where[c]
-            new = _stopped(run[i * B:(i + 1) * B][order], eos, pad, **cut)
+            new = _stopped(runs[source][c][order], eos, pad, **cut)
             if not any(torch.equal(new, t) for t in toks):
                 toks.append(new)
                 still.append((c, k, j, order, toks))
@@ -1498,6 +1610,16 @@ def _own_uneven(m, src, max_len, sos, eos, pad, own):
     return own
 
 
+def _one_row(src, toks, eos):
+    """The rows of `src`, each a source (1, S), that a decoder feeding every token at position 0 decodes alone
+    otherwise than the reference, given the chosen candidate's tokens `toks` (`_candidates`: the right ones, all pad,
+    then those of SHOWN's mistakes, "offset_zero" first). A row decoded alone outputs its tokens in the batch up to
+    its first eos: with B > 1 the mistake changes the batch's tokens, so it changes at least one row's."""
+    assert SHOWN[0] == "offset_zero"
+    cut = lambda row: row[:row.index(eos) + 1] if eos in row else row  # noqa: E731
+    return [src[r:r + 1] for r, (a, b) in enumerate(zip(toks[0].tolist(), toks[2].tolist())) if cut(a) != cut(b)]
+
+
 def _greedy_model(learner, reference, rng, B, max_len, *, norm_first=False, sos=SOS, eos=EOS, pad=PAD):
     """A model whose greedy outputs finish at different steps, row 0 before the last, and sources.
 
@@ -1512,9 +1634,9 @@ def _greedy_model(learner, reference, rng, B, max_len, *, norm_first=False, sos=
     # -1 .. 4), and decodes the 48 candidates in one batch (`_candidates`): about one candidate in 20 shows every
     # mistake where it is hardest (B = 4, max_len = 6), and about one try in 12 has none; 60 tries never run out.
     shown = SHOWN if B > 1 else ("offset_zero",)
+    names = ref.state_dict()
     for _ in range(60):
-        ref.double()  # (the learner's copy below leaves it in float32)
-        sd = _state(rng, ref)
+        sd = _state(rng, names)
         for n in ("src_embed.weight", "tgt_embed.weight"):
             sd[n] = _r(_randn(rng, 9, 16, scale=0.6 / math.sqrt(16)))
         # Real tokens are never sos or eos (nor pad): the source's padding is where it holds pad. With a pad other
@@ -1528,20 +1650,24 @@ def _greedy_model(learner, reference, rng, B, max_len, *, norm_first=False, sos=
         sd["out.bias"][pad] = _r(sd["out.bias"][pad] - 30.0)
         base = sd["out.bias"][eos].clone()
         biases = [_r(base - 1.0 + 5.0 * (j + float(torch.rand((), generator=rng))) / N_BIASES) for j in range(N_BIASES)]
-        ref.load_state_dict(sd)
         with torch.inference_mode():
-            found = _candidates(reference, ref, srcs, [b - base for b in biases], B, max_len, sos, eos, pad, shown)
+            found = _candidates(reference, sd, 2, norm_first, srcs, [b - base for b in biases], B, max_len, sos, eos,
+                                pad, shown)
         if not found:
             continue
         # The first candidate found, in an order of the rng's, decoded again on its own as a check of the batch.
-        k, j, order, (out, *_) = found[int(torch.randint(len(found), (), generator=rng))]
-        src = srcs[k][order]
+        k, j, order, toks = found[int(torch.randint(len(found), (), generator=rng))]
+        src, out = srcs[k][order], toks[0]
         sd["out.bias"][eos] = biases[j]
+        ref.double()  # (the learner's copy below leaves it in float32)
         ref.load_state_dict(sd)
         with torch.inference_mode():
             if not torch.equal(reference.greedy_decode(ref, src, max_len, sos, eos, pad), out):
                 continue  # (a near tie decided otherwise in a batch of another size: not seen yet)
         m = _learner_model(learner, reference, rng, ref, sd, norm_first)
+        if B > 1:  # one row, alone a source on which the token's position decides (`_one_row`)
+            rows = _one_row(src, toks, eos)
+            m.one_row = rows[int(torch.randint(len(rows), (), generator=rng))]
         own_tries += 1
         if B == 1:
             break
@@ -1736,11 +1862,10 @@ def _check_one_token_a_step(learner, m, src, max_len, **special):
 @points(1.5, part="greedy_decode")
 def test_greedy_decode_matches_reference(learner, reference, rng, devices):
     """Does greedy_decode feed back the argmax at every step, pad after eos and stop when every row is done?"""
-    for B, max_len, norm_first in ((5, 7, False), (1, 4, True)):
-        m, src = _greedy_model(learner, reference, rng, B, max_len, norm_first=norm_first)
-        _check_greedy(learner, m, src, max_len, "greedy_decode")
-        if B > 1:
-            _check_stopping(learner, m, src, max_len, "greedy_decode")
+    m, src = _greedy_model(learner, reference, rng, 5, 7)
+    _check_greedy(learner, m, src, 7, "greedy_decode")
+    _check_stopping(learner, m, src, 7, "greedy_decode")
+    _check_greedy(learner, m, m.one_row, 7, "greedy_decode")  # a batch of one
     _check_greedy_on_devices(learner, reference, rng, devices, "greedy_decode")
     _greedy_on_meta(learner, m, src, "greedy_decode")
 
@@ -1749,12 +1874,11 @@ def test_greedy_decode_matches_reference(learner, reference, rng, devices):
 def test_greedy_decode_cached_equals_recomputation(learner, reference, rng, devices):
     """Does greedy_decode_cached give exactly greedy_decode's tokens when rows end at different steps, feeding the
     decoder one token a step?"""
-    for B, max_len, norm_first in ((6, 8, True), (1, 5, False)):
-        m, src = _greedy_model(learner, reference, rng, B, max_len, norm_first=norm_first)
-        _check_greedy(learner, m, src, max_len, "greedy_decode_cached")
-        if B > 1:
-            _check_one_token_a_step(learner, m, src, max_len)
-            _check_stopping(learner, m, src, max_len, "greedy_decode_cached")
+    m, src = _greedy_model(learner, reference, rng, 6, 8, norm_first=True)
+    _check_greedy(learner, m, src, 8, "greedy_decode_cached")
+    _check_one_token_a_step(learner, m, src, 8)
+    _check_stopping(learner, m, src, 8, "greedy_decode_cached")
+    _check_greedy(learner, m, m.one_row, 8, "greedy_decode_cached")  # a batch of one, where the offset decides
     _check_greedy_on_devices(learner, reference, rng, devices, "greedy_decode_cached")
     _greedy_on_meta(learner, m, src, "greedy_decode_cached")
 
