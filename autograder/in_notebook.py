@@ -138,7 +138,7 @@ def exercise(assignment) -> Exercise:
                     heading[2].append(gid[len("test_"):])
         else:
             tree = _parse(source)
-            ex.code.append((source.rstrip("\n"), frozenset(_top_names(tree))))
+            ex.code.append((source.rstrip("\n"), frozenset(_binds(tree, lenient=True))))
             names = _defined(tree) if tree is not None and _nbgrader(cell).get("solution") else set()
             if names:
                 ex.solutions.append(names)
@@ -179,23 +179,6 @@ def _defined(tree: ast.Module) -> set[str]:
     return {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
 
 
-def _top_names(tree: ast.Module | None) -> set[str]:
-    """Every plain name the worker's statements of `tree` bind (functions, classes, imports, the names
-    an assignment's targets hold), whatever else they do; none when it cannot be parsed."""
-    names: set[str] = set()
-    for node in tree.body if tree is not None else ():
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.add(node.name)
-        elif isinstance(node, ast.Import):
-            names |= {a.asname or a.name.split(".")[0] for a in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            names |= {a.asname or a.name for a in node.names if a.name != "*"}
-        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            names |= {sub.id for t in targets for sub in ast.walk(t) if isinstance(sub, ast.Name)}
-    return names
-
-
 def _definition_re(name: str) -> re.Pattern:
     """A line that defines `name` (def, class) or assigns it at the top level."""
     n = re.escape(name)
@@ -222,17 +205,20 @@ def not_run(entries, ex: Exercise) -> tuple[str, ...]:
         source = str(source)
         tree = _parse(source)
         if tree is not None:
-            left -= _top_names(tree)
+            left -= _binds(tree, lenient=True)
         else:
             left = {n for n in left if not _definition_re(n).search(source)}
     return tuple(sorted(left))
 
 
-def _binds(tree: ast.Module | None) -> set[str] | None:
-    """The names the worker's statements of `tree` bind, or None when one of them does more than
-    bind plain names (an attribute or item assignment, `+=`, `import *`), or it cannot be parsed."""
+def _binds(tree: ast.Module | None, *, lenient: bool = False) -> set[str] | None:
+    """The names the worker's statements of `tree` bind (functions, classes, imports, the names an
+    assignment's targets hold), or None when one of them does more than bind plain names (an
+    attribute or item assignment, `+=`, `import *`), or it cannot be parsed. `lenient`: every plain
+    name they bind, whatever else they do (each name in an assignment's targets, an annotation's
+    target without a value too), and none when it cannot be parsed."""
     if tree is None:
-        return None
+        return set() if lenient else None
     names: set[str] = set()
     for node in tree.body:
         if not isinstance(node, KEPT):
@@ -242,19 +228,20 @@ def _binds(tree: ast.Module | None) -> set[str] | None:
         elif isinstance(node, ast.Import):
             names |= {a.asname or a.name.split(".")[0] for a in node.names}
         elif isinstance(node, ast.ImportFrom):
-            if any(a.name == "*" for a in node.names):
+            if any(a.name == "*" for a in node.names) and not lenient:
                 return None
-            names |= {a.asname or a.name for a in node.names}
-        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else ([node.target] if node.value else [])
+            names |= {a.asname or a.name for a in node.names if a.name != "*"}
+        elif isinstance(node, ast.AugAssign) and not lenient:
+            return None
+        else:  # an assignment, annotated or augmented
+            targets = node.targets if isinstance(node, ast.Assign) else (
+                [node.target] if lenient or not isinstance(node, ast.AnnAssign) or node.value else [])
             for target in targets:
                 for sub in ast.walk(target):
                     if isinstance(sub, ast.Name):
                         names.add(sub.id)
-                    elif not isinstance(sub, (ast.Tuple, ast.List, ast.Starred, ast.expr_context)):
+                    elif not lenient and not isinstance(sub, (ast.Tuple, ast.List, ast.Starred, ast.expr_context)):
                         return None
-        else:
-            return None
     return names
 
 
