@@ -105,8 +105,12 @@ class Submission:
 
     def __init__(self, cells: list[dict], *, limits: Limits = DEFAULT, seed: int = 0, env: dict | None = None,
                  python: str = sys.executable, sandbox=None, notebook: str | Path | None = None, template=None,
-                 self_check: bool = False):
+                 self_check: bool = False, imports: tuple = ()):
         self.cells = cells
+        # modules of PyTorch that the checks make the learner's code import on first use, at a cost (08's
+        # optimizers import torch._dynamo, a second): the worker imports them in a thread of its own once the
+        # notebook's code has run, while it waits for the checks' calls (the hidden module's WORKER_IMPORTS)
+        self.imports = tuple(imports)
         # a learner's own check (`check`), not grading: a check that cannot measure what it grades
         # shows no points for it there (see MemoryUse.self_check)
         self.self_check = self_check
@@ -258,11 +262,11 @@ class Submission:
         if self.proc is None and self.generation == 0 and self.load_failure is None:
             self._start()
 
-    def configure(self, cells: list[dict], *, limits: Limits, seed: int) -> None:
-        """The cells, limits and seed of a submission started early, set before its code is loaded."""
+    def configure(self, cells: list[dict], *, limits: Limits, seed: int, imports: tuple = ()) -> None:
+        """The cells, limits, seed and imports of a submission started early, set before its code is loaded."""
         if self._loaded:
             raise RuntimeError("configure() after the learner's code was loaded")
-        self.cells, self.limits, self.seed = cells, limits, seed
+        self.cells, self.limits, self.seed, self.imports = cells, limits, seed, tuple(imports)
         self.restarts_left = limits.max_restarts
         if self.proc is not None:
             self._out.cap = limits.output_bytes
@@ -289,8 +293,10 @@ class Submission:
             if self.generation == 1:
                 # the budget counts from the first load: a worker started early has run nothing yet
                 self.deadline = time.monotonic() + self.limits.submission_seconds
-            result = self._request({"op": P.OP_LOAD, "cells": self.cells, "seed": self.seed},
-                                   name="", timeout=self.limits.load_seconds)
+            load = {"op": P.OP_LOAD, "cells": self.cells, "seed": self.seed}
+            if self.imports:
+                load["imports"] = list(self.imports)
+            result = self._request(load, name="", timeout=self.limits.load_seconds)
         except GradingError as exc:
             if isinstance(exc, CallTimeout):
                 exc = CallTimeout("", exc.seconds)

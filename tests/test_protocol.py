@@ -687,3 +687,50 @@ def test_a_call_that_changes_its_arguments_fails_once_per_part():
             sub.changed.clear()  # as the grader does for each submission
             with pytest.raises(ArgumentChanged, match="argument x"):
                 call()
+
+
+IMPORTS_CODE = """
+import sys
+import time
+
+
+def arrives(name):
+    end = time.monotonic() + 60
+    while name not in sys.modules and time.monotonic() < end:
+        time.sleep(0.01)
+    return name in sys.modules
+
+
+def there(name):
+    return name in sys.modules
+"""
+
+
+def test_the_worker_imports_behind_what_the_load_names_and_nothing_else():
+    """A module named in the load's imports (the hidden module's WORKER_IMPORTS) reaches the worker's sys.modules
+    without the learner's code importing it, while the worker answers calls; unnamed, it is not imported."""
+    with Submission([{"label": "a", "source": IMPORTS_CODE}], imports=("colorsys",)) as sub:
+        assert Learner(sub).arrives("colorsys") is True
+    with Submission([{"label": "a", "source": IMPORTS_CODE}]) as sub:
+        assert Learner(sub).there("colorsys") is False
+
+
+def test_the_parts_that_need_the_imports_are_checked_last_and_reported_in_the_notebooks_order(monkeypatch):
+    """Exercise 08's train_step checks need torch._dynamo, imported behind (LAST_PARTS): they run after every other
+    check, each part's checks together and in their order, and the result lists the checks in the file's order."""
+    from types import SimpleNamespace
+
+    from autograder.assignments import get_assignment
+    from autograder.grader import Grader
+
+    grader = Grader(get_assignment("08_pronunciation"))
+    assert grader.worker_imports == ("torch._dynamo",) and grader.last_parts == {"train_step"}
+    ran = []
+    monkeypatch.setattr(grader, "call_check", lambda check, sub, seed: ran.append(check.name))
+    parts = {c.part: {"score": 0.0} for c in grader.checks}
+    result = SimpleNamespace(parts=parts, checks=[], seed=1, notebook="nb", student="")
+    grader.run_checks(SimpleNamespace(last_returned=None, part="", changed=set()), result)
+    names = [c.name for c in grader.checks]
+    late = [c.name for c in grader.checks if c.part == "train_step"]
+    assert late and ran == [n for n in names if n not in late] + late
+    assert [c.name for c in result.checks] == names and all(c.passed for c in result.checks)
