@@ -28,8 +28,9 @@ import sys
 import numpy as np
 
 # --- message kinds ----------------------------------------------------------------------
-OP_LOAD = "load"            # {"cells": [{"label", "source"}], "seed", ["imports"]} -> {"errors": [...], "notes": [...], "more": N}
-# ("imports": module names the worker imports in the background once the cells have run: see Submission.imports)
+OP_LOAD = "load"            # {"cells": [{"label", "source"}], "seed"} -> {"errors": [...], "notes": [...], "more": N}
+# (with "imports": [module names], the worker imports them in a thread of its own once the cells have run: see
+# Submission.imports)
 OP_SEED = "seed"            # {"seed"} -> None: seed the worker's random generators
 OP_HAS = "has"              # {"name"} -> bool
 OP_CALL = "call"            # {"target", "args", "kwargs", ["device_check"], ["repeat"], ["unchanged"]} -> value

@@ -1519,12 +1519,12 @@ N_SOURCES, N_BIASES = 8, 6
 
 def _candidates(reference, sd, H, norm_first, srcs, deltas, B, max_len, sos, eos, pad, shown):
     """Of the candidates (a source of `srcs`, an eos bias of `deltas`) on the reference model (its float64 state dict
-    `sd`, `H` heads, `norm_first`): those whose
-    greedy outputs finish unevenly, with the row that finishes first moved to row 0 (where B > 1), and differ from
-    all pad and from each typical mistake's of `shown`, which all differ from each other. Every candidate is
-    decoded in two batches (`_Fast`): with the cache, right and with each typical mistake of the cache, of the
-    offset and of the source mask; and recomputing the prefix under a leaky causal mask. Returns, for each, (source index, delta index, row order,
-    [right tokens, all pad, each mistake's tokens]): tests/test_hidden_cases.py compares them with `_ref_greedy`."""
+    `sd`, `H` heads, `norm_first`): those whose greedy outputs finish unevenly, with the row that finishes first
+    moved to row 0 (where B > 1), and differ from all pad and from each typical mistake's of `shown`, which all
+    differ from each other. The candidates are decoded with `_Fast`: every one right, with the cache; those still
+    in, with the mistakes of the cache, the offset and the source mask in one batch, then recomputing the prefix
+    under a leaky causal mask. Returns, for each, (source index, delta index, row order, [right tokens, all pad,
+    each mistake's tokens]): tests/test_hidden_cases.py compares them with `_ref_greedy`."""
     K = len(srcs)
     cands = [(k, j) for j in range(len(deltas)) for k in range(K)]
     src_all = torch.cat([srcs[k] for k, _ in cands])
@@ -1566,7 +1566,8 @@ def _candidates(reference, sd, H, norm_first, srcs, deltas, B, max_len, sos, eos
                 unmasked = fast.encode(src_all[rows], None) if "no_src_mask" in together else None
                 made = together, fast.cached(
                     torch.cat([unmasked if m == "no_src_mask" else memory[rows] for m in together]),
-                    torch.cat([torch.ones_like(sm_all[rows]) if m == "no_src_mask" else sm_all[rows] for m in together]),
+                    torch.cat([torch.ones_like(sm_all[rows]) if m == "no_src_mask" else sm_all[rows]
+                               for m in together]),
                     max_len, sos, eos, delta_all[rows].repeat(len(together)), [m for m in together for _ in range(n)])
             for g, m in enumerate(made[0]):
                 runs[m] = {c: made[1][g * n + i * B:g * n + (i + 1) * B] for i, (c, *_) in enumerate(alive)}
