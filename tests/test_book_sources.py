@@ -228,3 +228,25 @@ def test_reader_finds_definitions_and_uses():
         (1, "early"), (13, "early"), (13, "acc_b"), (13, "ln_pre_a"), (13, "tupled"), (14, "missing"), (16, "acc_a")]
     assert order_problems(PAGE) == [(1, "early", 3)]
     assert undefined_uses(PAGE) == [(14, "missing")]
+
+
+def test_the_execution_cache_exists_before_two_readers_open_it(tmp_path):
+    """`make book` reads (executes) two pages at once, each reader opening the execution cache; on a build from
+    nothing both would create its database's tables, and one failed ("table settings already exists"). The build
+    creates it first (book/_ext/build_book.py, `ready_cache`): two processes that then open it at once both read it."""
+    import subprocess
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "book" / "_ext"))
+    from build_book import ready_cache
+
+    ready_cache(tmp_path)
+    cache = tmp_path / ".jupyter_cache"
+    assert any(cache.glob("*.db"))
+    opener = ("import sys; from jupyter_cache import get_cache; "
+              "print(len(get_cache(sys.argv[1]).list_cache_records()))")
+    readers = [subprocess.Popen([sys.executable, "-c", opener, str(cache)], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    for reader in readers:
+        out, err = reader.communicate(timeout=120)
+        assert reader.returncode == 0 and out.strip() == "0", err[-500:]

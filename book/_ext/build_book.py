@@ -14,8 +14,9 @@ reading on (`--jobs N` processes, default 2; 1 builds as `jupyter-book build` do
   recorded in the last build (`_build/.jupyter_cache`), else the order of LONGEST (measured
   by `python benchmarks/suite_time.py --book`), so that a short page ends the build.
 
-The book's timing claims hold with two pages executing at once (`benchmarks/claims.py`
-measures them that way). Everything else (the execution cache, warnings as errors, a failed
+The execution cache's database is created before the readers start (`ready_cache`: two readers
+of a build from nothing would both create it). The book's timing claims hold with two pages
+executing at once (`benchmarks/claims.py` measures them that way). Everything else (the execution cache, warnings as errors, a failed
 claim's one line) is jupyter-book's and Sphinx's own.
 """
 
@@ -31,6 +32,18 @@ ROOT = Path(__file__).resolve().parents[2]
 # from `python benchmarks/suite_time.py --book`): 08 143, 06 87, 02 76, 07 57, 01 45, 09 33.
 LONGEST = ("book/08_pronunciation", "book/06_transformer", "book/02_attention", "book/07_efficient_attention",
            "book/01_seq2seq", "book/09_gpt", "book/04_self_attention", "book/05_multi_head", "book/03_qkv")
+
+
+def ready_cache(build_dir: Path) -> None:
+    """Create the execution cache's database, if it does not exist yet, before the readers start.
+
+    myst-nb opens the cache (`BUILD/.jupyter_cache`, its default) in each process that executes a
+    page, and jupyter-cache creates the database's tables when its file does not exist: on a build
+    from nothing, two readers that start together both create them, and one fails ("table settings
+    already exists"). Created here, in the one process, it exists before either starts."""
+    from jupyter_cache import get_cache
+
+    get_cache(str(build_dir / ".jupyter_cache")).db  # noqa: B018 - the property creates the database
 
 
 def recorded_seconds(build_dir: Path) -> dict[str, float]:
@@ -109,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.jobs > 1:  # the build command imports build_sphinx from jupyter_book.sphinx when it runs
         declare_parallel_safe()
         sphinx.builders.make_chunks = functools.partial(one_page_chunks, seconds=recorded_seconds(ROOT / "_build"))
+        ready_cache(ROOT / "_build")
         jupyter_book.sphinx.build_sphinx = functools.partial(jupyter_book.sphinx.build_sphinx, jobs=args.jobs)
     return cli.main.main(["build", *rest], prog_name="jupyter-book", standalone_mode=True)
 
