@@ -29,6 +29,8 @@ import numpy as np
 
 # --- message kinds ----------------------------------------------------------------------
 OP_LOAD = "load"            # {"cells": [{"label", "source"}], "seed"} -> {"errors": [...], "notes": [...], "more": N}
+# (with "reply_bytes": N, the worker refuses to encode a value whose arrays, strings and items alone
+# would make a reply larger than N bytes: see payload_bytes)
 # (with "imports": [module names], the worker imports them in a thread of its own once the cells have run: see
 # Submission.imports)
 OP_SEED = "seed"            # {"seed"} -> None: seed the worker's random generators
@@ -156,6 +158,44 @@ def array_from_payload(p, *, max_dims: int = 16) -> np.ndarray:
     if len(raw) != nbytes:
         raise CodecError("array data does not match its dtype and shape")
     return np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
+
+
+def payload_bytes(obj, cap: int, max_depth: int = 32) -> int:
+    """A lower bound on the bytes `encode(obj)` takes in a frame, counted without encoding anything,
+    and given up once over `cap`: an array or a tensor as its base64 (4 bytes for 3, a bfloat16 as the
+    float32 it travels as), a string or bytes value as its length, any other item as 2 bytes. The
+    worker refuses a value over its reply limit before it copies, encodes and frames it (a 512 MiB
+    array took the whole of a call's time on a slow machine, only to be refused when read)."""
+    total, todo, seen = 0, [(obj, 0)], 0
+    torch = sys.modules.get("torch")
+    while todo and total <= cap:
+        x, depth = todo.pop()
+        seen += 1
+        if depth > max_depth or seen > cap:  # encode refuses the depth; the frame's length bounds the rest
+            break
+        t = type(x)
+        if t is str or t is bytes:
+            n = len(x) if t is str else 4 * ((len(x) + 2) // 3)
+        elif isinstance(x, np.ndarray):
+            n = 4 * ((x.nbytes + 2) // 3)
+        elif torch is not None and isinstance(x, torch.Tensor):
+            try:
+                size = 4 if x.dtype == torch.bfloat16 else torch.Tensor.element_size(x)
+                n = 0 if x.device.type == "meta" else 4 * ((torch.Tensor.numel(x) * size + 2) // 3)
+            except Exception:  # noqa: BLE001 - a tensor without a size to read: encode decides
+                n = 0
+        elif t in (list, tuple):
+            todo.extend((v, depth + 1) for v in x)
+            n = 2
+        elif t is dict or (isinstance(x, dict) and t.__name__ == "OrderedDict"):
+            for k, v in x.items():
+                todo.append((k, depth + 1))
+                todo.append((v, depth + 1))
+            n = 2
+        else:
+            n = 2
+        total += int(n)
+    return total
 
 
 def tensor_payload(t) -> dict:

@@ -293,7 +293,8 @@ class Submission:
             if self.generation == 1:
                 # the budget counts from the first load: a worker started early has run nothing yet
                 self.deadline = time.monotonic() + self.limits.submission_seconds
-            load = {"op": P.OP_LOAD, "cells": self.cells, "seed": self.seed}
+            load = {"op": P.OP_LOAD, "cells": self.cells, "seed": self.seed,
+                    "reply_bytes": self.limits.reply_bytes}
             if self.imports:
                 load["imports"] = list(self.imports)
             result = self._request(load, name="", timeout=self.limits.load_seconds)

@@ -220,6 +220,7 @@ class Worker:
         self.ns: dict = {"__name__": "__learner__", "__builtins__": __builtins__}
         self.handles: dict[int, object] = {}
         self.decode = P.Decoder(self.from_handle, int_keys=True)
+        self.reply_bytes = 64 * 2**20  # the load request says the grader's own (Limits.reply_bytes)
 
     # handles ---------------------------------------------------------------------------
     def to_handle(self, obj):
@@ -237,7 +238,15 @@ class Worker:
             raise P.CodecError("unknown handle")
         return self.handles[hid]
 
-    def enc(self, value):
+    def enc(self, value, used: int = 0):
+        """`value` encoded, refused before it is encoded where its reply would be over the grader's limit
+        (`used`: what the same reply already holds)."""
+        left = self.reply_bytes - used
+        size = P.payload_bytes(value, left)
+        if size > left:
+            most = self.reply_bytes
+            most = f"{most // 2**20} MiB" if most >= 2**20 else f"{most} bytes"
+            raise P.CodecError(f"the result is too large to send (over {most}, the most one reply may hold)")
         return P.encode(value, self.to_handle)
 
     def target(self, req):
@@ -259,6 +268,8 @@ class Worker:
             # torch's import-time seed (random, from the OS); a preloaded or warm worker's learner
             # meets the same kind of seed, not the load's.
             sys.modules["torch"].seed()
+        if type(req.get("reply_bytes")) is int and req["reply_bytes"] > 0:
+            self.reply_bytes = req["reply_bytes"]
         todo, notes = statements(req["cells"])
         # the course's package for the learner's check cell, unless the real one was imported (a test
         # that runs the worker in its own process); where the course is installed, whether it is
@@ -299,7 +310,7 @@ class Worker:
         repeat = req.get("repeat")
         if repeat is not None and (type(repeat) is not int or not 1 <= repeat <= P.MAX_REPEAT):
             raise P.CodecError("malformed repeat")
-        values = []
+        values, used = [], 0
         for _ in range(1 if repeat is None else repeat):  # as that many calls: arguments decoded anew each time
             args = self.decode({P.TAG_TUPLE: req["args"]})
             kwargs = self.decode({P.TAG_DICT: req["kwargs"]})
@@ -324,7 +335,9 @@ class Worker:
                     raise _learner_error(exc)
                 if changed is not None:
                     raise _Reply(P.KIND_CHANGED, "ArgumentChanged", changed)
-            values.append(self.enc(result))
+            values.append(self.enc(result, used))
+            if repeat is not None:
+                used += P.payload_bytes(result, self.reply_bytes)
         return values[0] if repeat is None else values
 
     def op_getattr(self, req):

@@ -518,24 +518,43 @@ def test_a_reply_that_breaks_the_envelope_is_the_learners_boundary_error(reply, 
             sub._check_reply(reply, 1, "f")
 
 
-WORKER_CODE = "def text(n):\n    return 'x' * n\n\n\ndef lists(n):\n    return [[] for _ in range(n)]\n"
+WORKER_CODE = ("def text(n):\n    return 'x' * n\n\n\ndef lists(n):\n    return [[] for _ in range(n)]\n\n\n"
+               "def nones(n):\n    return [None] * n\n\n\ndef array(n):\n    import numpy\n    return numpy.zeros(n)\n")
 
 
 def test_a_reply_too_large_or_holding_too_many_containers_is_refused_by_the_trusted_side():
     """With one real (unsandboxed) worker: a reply over reply_bytes is refused as it is read, one with
     more than reply_containers lists before it is parsed; the worker is ended each time and the next
-    call starts a fresh one."""
+    call starts a fresh one. The worker refuses a value it can tell is too large before encoding it (it
+    stays); one that it cannot tell (its `null`s count 2 bytes each), the trusted side refuses as read."""
     limits = DEFAULT.replace(reply_bytes=4096, reply_containers=50)
     with Submission([{"label": "a", "source": WORKER_CODE}], limits=limits) as sub:
         learner = Learner(sub)
         assert learner.text(3000) == "x" * 3000
+        proc = sub.proc
+        for call in (lambda: learner.text(5000), lambda: learner.array(600), lambda: learner.lists(3000)):
+            with pytest.raises(BoundaryError, match="too large to send \\(over 4096 bytes"):
+                call()
+            assert sub.proc is proc
         with pytest.raises(BoundaryError, match="larger than the grader accepts"):
-            learner.text(5000)
+            learner.nones(1500)
         assert sub.proc is None
         assert learner.lists(40) == [[]] * 40
         with pytest.raises(BoundaryError, match="more than 50 lists or objects"):
             learner.lists(60)
         assert sub.proc is None
+
+
+def test_the_payload_estimate_is_a_lower_bound_given_up_once_over_the_cap():
+    """payload_bytes never counts more than encoding then framing a value takes, and stops walking a
+    large value once over its cap (a list of ten million items is not walked to its end)."""
+    values = ["x" * 100, b"y" * 100, np.zeros((7, 3)), torch.ones(5, 2, dtype=torch.bfloat16), [1, 2.5, None],
+              {"a": (torch.zeros(3, dtype=torch.int64), [True] * 9)}, torch.empty(4, 4, device="meta"),
+              {P.TAG_TUPLE: []}, [[[]]] * 40]
+    for v in values:
+        assert 0 <= P.payload_bytes(v, 10**9) <= len(P.frame({"value": P.encode(v)})), v
+    big = [0] * 10_000_000
+    assert 1000 < P.payload_bytes(big, 1000) < 1100
 
 
 REPEAT_CODE = """
