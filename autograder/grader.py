@@ -263,10 +263,6 @@ class Grader:
         `warm_problem` says why and workers start fresh."""
         self.assignment = assignment
         self.module, self.checks = load_hidden_checks(assignment)
-        # modules the worker imports in the background once the notebook's code has run, and the parts whose
-        # checks need them, checked last (see Submission.imports)
-        self.worker_imports = tuple(getattr(self.module, "WORKER_IMPORTS", ()))
-        self.last_parts = frozenset(getattr(self.module, "LAST_PARTS", ()))
         self.limits = (limits or DEFAULT).for_assignment(getattr(self.module, "LIMITS", None)).replace(
             **(overrides or {}))
         self.sandbox = sandbox
@@ -372,10 +368,9 @@ class Grader:
                 cells = code_cells(nb)
             if sub is None:
                 sub = Submission(cells, limits=self.limits, seed=result.seed, sandbox=self.sandbox,
-                                 python=self.python, notebook=notebook, template=self.template,
-                                 imports=self.worker_imports)
+                                 python=self.python, notebook=notebook, template=self.template)
             else:
-                sub.configure(cells, limits=self.limits, seed=result.seed, imports=self.worker_imports)
+                sub.configure(cells, limits=self.limits, seed=result.seed)
             self.run_checks(sub, result)
             result.notes += load_notes(sub.load_errors)
             result.notes += sub.load_notes
@@ -445,17 +440,7 @@ class Grader:
                             "This is not the learner's fault: fix and regrade")
 
     def _check_all(self, sub: Submission, result: Result, faults: list, replay: dict) -> None:
-        # The parts whose code needs what the worker imports behind (`worker_imports`) are checked last, so that
-        # the import has the others' time to run in; the report keeps the notebook's order.
-        order = sorted(self.checks, key=lambda c: c.part in self.last_parts)
-        made: dict[str, CheckResult] = {}
-        try:
-            self._check_each(order, sub, result, faults, replay, made)
-        finally:
-            result.checks += [made[c.name] for c in self.checks if c.name in made]
-
-    def _check_each(self, order, sub: Submission, result: Result, faults: list, replay: dict, made: dict) -> None:
-        for check in order:
+        for check in self.checks:
             if check.part not in result.parts:
                 continue  # a grade of some parts only (`grade(parts=...)`)
             s = check_seed(result.seed, check.name)
@@ -489,9 +474,10 @@ class Grader:
                     faults.append(check.name)
                     log.error("hidden check %s crashed on %s (%s), seed %d:\n%s", check.name, result.notebook,
                               result.student or "-", result.seed, crash)
-            made[check.name] = CheckResult(name=check.name, part=check.part, title=check.title,
-                                           points=check.points if passed else 0.0, max_points=check.points,
-                                           passed=passed, hint=hint, grader_error=fault, stub=stub, missing=missing)
+            result.checks.append(CheckResult(name=check.name, part=check.part, title=check.title,
+                                             points=check.points if passed else 0.0, max_points=check.points,
+                                             passed=passed, hint=hint, grader_error=fault, stub=stub,
+                                             missing=missing))
             if passed:
                 result.parts[check.part]["score"] += check.points
 

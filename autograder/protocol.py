@@ -31,8 +31,6 @@ import numpy as np
 OP_LOAD = "load"            # {"cells": [{"label", "source"}], "seed"} -> {"errors": [...], "notes": [...], "more": N}
 # (with "reply_bytes": N, the worker refuses to encode a value whose arrays, strings and items alone
 # would make a reply larger than N bytes: see payload_bytes)
-# (with "imports": [module names], the worker imports them in a thread of its own once the cells have run: see
-# Submission.imports)
 OP_SEED = "seed"            # {"seed"} -> None: seed the worker's random generators
 OP_HAS = "has"              # {"name"} -> bool
 OP_CALL = "call"            # {"target", "args", "kwargs", ["device_check"], ["repeat"], ["unchanged"]} -> value
@@ -41,6 +39,8 @@ OP_CALL = "call"            # {"target", "args", "kwargs", ["device_check"], ["r
 # "unchanged": true, a call that changes its arguments in place is answered KIND_CHANGED, the
 # argument's name as the message)
 OP_GETATTR = "getattr"      # {"target", "attr"} -> value
+# (a target is {"name": N}, a name of the learner's namespace, {"handle": ID}, an object returned earlier, or
+# {"grader": M}, one of the grader's own modules copied beside the worker: see worker.GRADER_MODULES)
 OP_WITH_GRAD = "with_grad"  # {"target", "args", "kwargs", "cotangents", "params"} -> {"output", "arg_grads", "param_grads"}
 OPS = (OP_LOAD, OP_SEED, OP_HAS, OP_CALL, OP_GETATTR, OP_WITH_GRAD)
 MAX_REPEAT = 10_000  # calls in one repeated call (a check that draws samples makes hundreds)
@@ -329,6 +329,9 @@ class Decoder:
                  devices=None):
         self.from_handle, self.max_depth, self.max_dims, self.int_keys = from_handle, max_depth, max_dims, int_keys
         self.devices = None if devices is None else frozenset(devices)
+        # {id(payload): tensor} while one request's arguments are decoded again and again (a repeated call):
+        # each decoding then gets a copy of the tensor decoded first, not the bytes decoded anew
+        self.memo: dict | None = None
 
     def _device_allowed(self, device: str) -> None:
         if self.devices is not None and device_key(device) not in self.devices:
@@ -367,7 +370,13 @@ class Decoder:
             if not isinstance(val["device"], str) or not DEVICE_RE.match(val["device"]):
                 raise CodecError("unknown device")
             self._device_allowed(val["device"])
-            return make_tensor(array_from_payload(val["array"], max_dims=self.max_dims), val["dtype"], val["device"])
+            if self.memo is not None and id(val) in self.memo:
+                return self.memo[id(val)].clone()
+            t = make_tensor(array_from_payload(val["array"], max_dims=self.max_dims), val["dtype"], val["device"])
+            if self.memo is not None:
+                self.memo[id(val)] = t
+                return t.clone()
+            return t
         if tag == TAG_META:
             if type(val) is not dict or set(val) != {"dtype", "shape"} or val["dtype"] not in TENSOR_DTYPES:
                 raise CodecError("malformed meta tensor")

@@ -20,6 +20,7 @@ after the notebook's cells were audited, and the submission's time budget starts
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import select
@@ -105,12 +106,8 @@ class Submission:
 
     def __init__(self, cells: list[dict], *, limits: Limits = DEFAULT, seed: int = 0, env: dict | None = None,
                  python: str = sys.executable, sandbox=None, notebook: str | Path | None = None, template=None,
-                 self_check: bool = False, imports: tuple = ()):
+                 self_check: bool = False):
         self.cells = cells
-        # modules of PyTorch that the checks make the learner's code import on first use, at a cost (08's
-        # optimizers import torch._dynamo, a second): the worker imports them in a thread of its own once the
-        # notebook's code has run, while it waits for the checks' calls (the hidden module's WORKER_IMPORTS)
-        self.imports = tuple(imports)
         # a learner's own check (`check`), not grading: a check that cannot measure what it grades
         # shows no points for it there (see MemoryUse.self_check)
         self.self_check = self_check
@@ -139,6 +136,7 @@ class Submission:
         self.load_failure: GradingError | None = None
         self.outputs: list[str] = []
         self._next_id = 1
+        self._meanwhile: Later | None = None  # trusted work to do while the next request runs (Learner.meanwhile)
         self.devices_sent: set[str] = set()  # every device a request has sent a tensor or torch.device on
         self.last_returned: tuple | None = None  # (name, value) of the last value the learner's side returned
         # Whether a call leaves its arguments as they were is asked of each function once per part of the
@@ -262,11 +260,11 @@ class Submission:
         if self.proc is None and self.generation == 0 and self.load_failure is None:
             self._start()
 
-    def configure(self, cells: list[dict], *, limits: Limits, seed: int, imports: tuple = ()) -> None:
-        """The cells, limits, seed and imports of a submission started early, set before its code is loaded."""
+    def configure(self, cells: list[dict], *, limits: Limits, seed: int) -> None:
+        """The cells, limits and seed of a submission started early, set before its code is loaded."""
         if self._loaded:
             raise RuntimeError("configure() after the learner's code was loaded")
-        self.cells, self.limits, self.seed, self.imports = cells, limits, seed, tuple(imports)
+        self.cells, self.limits, self.seed = cells, limits, seed
         self.restarts_left = limits.max_restarts
         if self.proc is not None:
             self._out.cap = limits.output_bytes
@@ -295,8 +293,6 @@ class Submission:
                 self.deadline = time.monotonic() + self.limits.submission_seconds
             load = {"op": P.OP_LOAD, "cells": self.cells, "seed": self.seed,
                     "reply_bytes": self.limits.reply_bytes}
-            if self.imports:
-                load["imports"] = list(self.imports)
             result = self._request(load, name="", timeout=self.limits.load_seconds)
         except GradingError as exc:
             if isinstance(exc, CallTimeout):
@@ -408,6 +404,13 @@ class Submission:
             except OSError:
                 self._kill()
                 raise WorkerDied(name)
+        if self._meanwhile is not None:
+            # the worker is busy with the request: this process does its own work meanwhile, and the
+            # time it takes is not counted against the learner's call
+            job, self._meanwhile = self._meanwhile, None
+            started = time.monotonic()
+            job.run()
+            end += time.monotonic() - started
         cap = self.limits.reply_bytes
         while True:
             nl = self._buf.find(b"\n")
@@ -581,6 +584,28 @@ class RemoteObject:
         return f"<remote {self._label}>"
 
 
+class Later:
+    """Trusted work (a reference's result) done while the worker runs the next request: see
+    `Learner.meanwhile`. `result()` gives its value, doing the work now if no request came."""
+
+    def __init__(self, fn):
+        self._fn, self._done, self._value, self._error = fn, False, None, None
+
+    def run(self) -> None:
+        if not self._done:
+            self._done = True
+            try:
+                self._value = self._fn()
+            except Exception as exc:  # noqa: BLE001 - raised where the check asks for the result
+                self._error = exc
+
+    def result(self):
+        self.run()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
 @dataclass
 class MemoryUse:
     output: object
@@ -682,6 +707,29 @@ class Learner:
         check builds an object the notebook's own modules provide, such as an optimizer."""
         sub, label = self._sub, f"{name}.{attr}"
         value = sub.request({"op": P.OP_GETATTR, "target": {"name": str(name)}, "attr": str(attr)}, name=label)
+        return sub.returned(label, sub.decode(value, label))
+
+    @contextlib.contextmanager
+    def meanwhile(self, fn):
+        """``with learner.meanwhile(fn) as later:`` calls ``fn()`` (trusted work such as the
+        reference's result, which must not depend on the learner's) while the worker runs the next
+        request inside the block, so that the two use both cores; ``later.result()`` is its value
+        (computed then if no request was made). A learner's call that fails meanwhile fails as it
+        would have; its time limit does not count ``fn``'s time."""
+        later = Later(fn)
+        self._sub._meanwhile = later
+        try:
+            yield later
+        finally:
+            if self._sub._meanwhile is later:
+                self._sub._meanwhile = None
+
+    def grader_attribute(self, module: str, attr: str):
+        """`attr` of one of the grader's own modules copied beside the worker (`worker.GRADER_MODULES`,
+        e.g. "optimizers", "SGD"), as a handle in the learner's process: how a check builds there an
+        object that the learner's code is given, without depending on the notebook's names."""
+        sub, label = self._sub, f"{module}.{attr}"
+        value = sub.request({"op": P.OP_GETATTR, "target": {"grader": str(module)}, "attr": str(attr)}, name=label)
         return sub.returned(label, sub.decode(value, label))
 
     @staticmethod

@@ -70,11 +70,11 @@ class InProcess(Submission):
         honest = self.w.enc
         self.check_number, self.calls, self.counts = -1, 0, {}
 
-        def enc(value):
+        def enc(value, used=0):
             self.calls += 1
             self.counts[self.check_number] = self.calls
             out = plan(self.check_number, self.calls, value, honest)
-            return honest(value) if out is HONEST else out
+            return honest(value, used) if out is HONEST else out
         self.w.enc = enc
         self.generation = 1
 

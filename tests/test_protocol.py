@@ -708,48 +708,97 @@ def test_a_call_that_changes_its_arguments_fails_once_per_part():
                 call()
 
 
-IMPORTS_CODE = """
-import sys
-import time
+OPTIMIZER_CODE = """
+import sys, time, types
+import torch
+sys.modules["optimizers"] = types.ModuleType("optimizers")  # a learner's module of the grader's module's name
 
+def model():
+    torch.manual_seed(0)
+    return torch.nn.Linear(3, 2).double()
 
-def arrives(name):
-    end = time.monotonic() + 60
-    while name not in sys.modules and time.monotonic() < end:
-        time.sleep(0.01)
-    return name in sys.modules
+def train(m, optimizer, steps):
+    for _ in range(steps):
+        optimizer.zero_grad()
+        m(torch.ones(4, 3, dtype=torch.float64)).pow(2).sum().backward()
+        optimizer.step()
+    return isinstance(optimizer, torch.optim.Optimizer), "torch._dynamo" in sys.modules, m.weight.detach().clone()
 
-
-def there(name):
-    return name in sys.modules
+def nap(seconds):
+    start = time.monotonic()
+    time.sleep(seconds)
+    return start, time.monotonic()
 """
 
 
-def test_the_worker_imports_behind_what_the_load_names_and_nothing_else():
-    """A module named in the load's imports (the hidden module's WORKER_IMPORTS) reaches the worker's sys.modules
-    without the learner's code importing it, while the worker answers calls; unnamed, it is not imported."""
-    with Submission([{"label": "a", "source": IMPORTS_CODE}], imports=("colorsys",)) as sub:
-        assert Learner(sub).arrives("colorsys") is True
-    with Submission([{"label": "a", "source": IMPORTS_CODE}]) as sub:
-        assert Learner(sub).there("colorsys") is False
+def test_a_check_builds_the_graders_optimizer_in_the_learners_process_without_the_compiler():
+    """`learner.grader_attribute("optimizers", ...)` reaches the grader's own optimizers in the worker, not a module
+    of the learner's of the same name: a torch.optim.Optimizer whose steps are torch.optim's, and that never makes
+    the learner's process import torch._dynamo (torch.optim's own do, 1.3 s); an unknown grader module is refused."""
+    with Submission([{"label": "a", "source": OPTIMIZER_CODE}]) as sub:
+        learner = Learner(sub)
+        for name, kwargs, steps in (("SGD", {"lr": 0.1}, 2), ("Adam", {"lr": 0.01}, 3)):
+            m = learner.model()
+            optimizer = learner.grader_attribute("optimizers", name)(m.parameters(), **kwargs)
+            is_optimizer, compiler, weight = learner.train(m, optimizer, steps)
+            assert is_optimizer is True and compiler is False
+            here = torch.nn.Linear(3, 2).double()
+            here.load_state_dict(dict(zip(("weight", "bias"), learner.model().state_dict().values())))
+            theirs = getattr(torch.optim, name)(here.parameters(), **kwargs)
+            for _ in range(steps):
+                theirs.zero_grad()
+                here(torch.ones(4, 3, dtype=torch.float64)).pow(2).sum().backward()
+                theirs.step()
+            assert torch.allclose(weight, here.weight.detach(), rtol=0, atol=1e-12)
+        with pytest.raises(BoundaryError, match="malformed target"):
+            learner.grader_attribute("os", "system")
 
 
-def test_the_parts_that_need_the_imports_are_checked_last_and_reported_in_the_notebooks_order(monkeypatch):
-    """Exercise 08's train_step checks need torch._dynamo, imported behind (LAST_PARTS): they run after every other
-    check, each part's checks together and in their order, and the result lists the checks in the file's order."""
-    from types import SimpleNamespace
+def test_the_graders_optimizers_step_as_torch_optims_do():
+    """autograder.optimizers' SGD and Adam against torch.optim's (the oracle), in float64, over steps with gradients
+    cleared to None or to zero, a parameter without a gradient, and a closure."""
+    from autograder import optimizers
 
-    from autograder.assignments import get_assignment
-    from autograder.grader import Grader
+    for name, kwargs in (("SGD", {"lr": 0.3}), ("Adam", {"lr": 0.05}), ("Adam", {"lr": 0.02, "betas": (0.8, 0.9),
+                                                                                    "eps": 1e-6})):
+        torch.manual_seed(1)
+        ours, theirs = torch.nn.Linear(4, 3).double(), torch.nn.Linear(4, 3).double()
+        theirs.load_state_dict(ours.state_dict())
+        unused = torch.nn.Parameter(torch.ones(2, dtype=torch.float64))
+        opts = (getattr(optimizers, name)([*ours.parameters(), unused], **kwargs),
+                getattr(torch.optim, name)([*theirs.parameters(), unused.detach().clone().requires_grad_()], **kwargs))
+        assert isinstance(opts[0], torch.optim.Optimizer) and opts[0].param_groups[0]["lr"] == kwargs["lr"]
+        for step in range(4):
+            x = torch.randn(5, 4, dtype=torch.float64)
+            for model, opt in zip((ours, theirs), opts):
+                opt.zero_grad(set_to_none=step % 2 == 0)
+                loss = opt.step(lambda m=model, o=opt: (m(x).tanh().sum().backward(), m(x).sum())[1])
+                assert loss is not None
+        for a, b in zip(ours.parameters(), theirs.parameters()):
+            assert torch.allclose(a, b, rtol=0, atol=1e-12), name
 
-    grader = Grader(get_assignment("08_pronunciation"))
-    assert grader.worker_imports == ("torch._dynamo",) and grader.last_parts == {"train_step"}
-    ran = []
-    monkeypatch.setattr(grader, "call_check", lambda check, sub, seed: ran.append(check.name))
-    parts = {c.part: {"score": 0.0} for c in grader.checks}
-    result = SimpleNamespace(parts=parts, checks=[], seed=1, notebook="nb", student="")
-    grader.run_checks(SimpleNamespace(last_returned=None, part="", changed=set()), result)
-    names = [c.name for c in grader.checks]
-    late = [c.name for c in grader.checks if c.part == "train_step"]
-    assert late and ran == [n for n in names if n not in late] + late
-    assert [c.name for c in result.checks] == names and all(c.passed for c in result.checks)
+
+def test_meanwhile_runs_trusted_work_while_the_worker_runs_the_next_call():
+    """`learner.meanwhile(fn)`: fn runs in this process while the worker runs the next request (the two intervals
+    overlap), its value or its exception comes from `result()`, and without a request it runs at `result()`."""
+    import time
+
+    def job():
+        start = time.monotonic()
+        time.sleep(0.3)
+        return start, time.monotonic()
+
+    with Submission([{"label": "a", "source": OPTIMIZER_CODE}]) as sub:
+        learner = Learner(sub)
+        learner.nap(0)  # loaded
+        with learner.meanwhile(job) as later:
+            theirs = learner.nap(0.3)
+        ours = later.result()
+        assert ours[0] < theirs[1] and theirs[0] < ours[1]
+        with learner.meanwhile(lambda: 1 / 0) as later:
+            assert learner.nap(0)
+        with pytest.raises(ZeroDivisionError):
+            later.result()
+        with learner.meanwhile(lambda: "computed at result()") as later:
+            pass
+        assert sub._meanwhile is None and later.result() == "computed at result()"

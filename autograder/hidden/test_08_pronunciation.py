@@ -33,16 +33,11 @@ import torch
 import torch.nn.functional as F
 from rapidfuzz.distance import OSA, DamerauLevenshtein, Levenshtein
 
+from autograder import optimizers
 from autograder.hidden.support import (Hint, close, describe, diagnose, expect, expect_device_agnostic,
                                        learner_module, method, odd_tensor, points, tensor)
 from autograder.runner import LearnerError, RemoteObject
 
-# The learner's train_step steps a torch.optim optimizer built in its process, whose first step (and construction)
-# imports torch._dynamo there: a second of a check's time. The worker imports it in a thread of its own as soon as
-# the notebook's code has run, while it waits for the checks (autograder/runner.py, Submission.imports), and the
-# checks of train_step come last (the report keeps the notebook's order), when the others have given it the time.
-WORKER_IMPORTS = ("torch._dynamo",)
-LAST_PARTS = ("train_step",)
 
 PAD, SOS, EOS, UNK = 0, 1, 2, 3
 SPECIALS = ("<pad>", "<s>", "</s>", "<unk>")
@@ -54,7 +49,8 @@ PHONEMES = ["AA", "AE", "AH", "AH0", "AH1", "AO", "AW", "AY", "B", "CH", "D", "D
 
 # --- hints ------------------------------------------------------------------------------------
 
-TORCH_GONE = ("The notebook's `torch` is not PyTorch any more (the checks build generators and optimizers "
+TS_NO_OPTIMIZER = "The grader could not build an optimizer in your notebook's process (did the notebook change torch?)."
+TORCH_GONE = ("The notebook's `torch` is not PyTorch any more (the checks build generators "
               "from it): do not rebind the name torch.")
 
 BV_TYPE = "`build_vocab` must return a dict from each symbol (a str) to its id (an int)."
@@ -255,7 +251,7 @@ def _remote(x, hint):
 
 
 def _torch_attr(learner, *path):
-    """torch.<path> in the learner's process, as a handle (e.g. torch.optim.SGD)."""
+    """torch.<path> in the learner's process, as a handle (e.g. torch.Generator)."""
     obj = _remote(learner.attribute("torch", path[0]), TORCH_GONE)
     for attr in path[1:]:
         obj = _remote(getattr(obj, attr), TORCH_GONE)
@@ -829,47 +825,10 @@ def _learner_tiny(learner, ref, V_src, V_tgt, device="cpu"):
 
 # --- Part 4: one training step (4 points) ------------------------------------------------------
 
-class _SGD:
-    """torch.optim.SGD(params, lr) without momentum or weight decay, written out for the runs here: the same
-    update, without the import of PyTorch's compiler that torch.optim pays on first use (a second of a check)."""
-
-    def __init__(self, params, lr):
-        self.params, self.lr = list(params), lr
-
-    def zero_grad(self):
-        for p in self.params:
-            p.grad = None
-
-    @torch.no_grad()
-    def step(self):
-        for p in self.params:
-            if p.grad is not None:
-                p.add_(p.grad, alpha=-self.lr)
-
-
-class _Adam(_SGD):
-    """torch.optim.Adam(params, lr) with its default betas and eps, written out as _SGD is."""
-
-    def __init__(self, params, lr, betas=(0.9, 0.999), eps=1e-8):
-        super().__init__(params, lr)
-        self.betas, self.eps, self.state = betas, eps, {}
-
-    @torch.no_grad()
-    def step(self):
-        b1, b2 = self.betas
-        for k, p in enumerate(self.params):
-            if p.grad is None:
-                continue
-            st = self.state.setdefault(k, [0, torch.zeros_like(p), torch.zeros_like(p)])
-            st[0] += 1
-            m, v = st[1], st[2]
-            m.lerp_(p.grad, 1 - b1)
-            v.mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
-            denom = (v.sqrt() / math.sqrt(1 - b2 ** st[0])).add_(self.eps)
-            p.addcdiv_(m, denom, value=-self.lr / (1 - b1 ** st[0]))
-
-
-OPTIMIZERS = {"SGD": _SGD, "Adam": _Adam}
+# The learner's train_step and the reference's both step the grader's SGD and Adam (autograder.optimizers): torch's
+# update rules, as torch.optim.Optimizer subclasses, without the import of PyTorch's compiler that torch.optim's
+# own pay when built (1.3 s, during which a worker that imports it does nothing else).
+OPTIMIZERS = {"SGD": optimizers.SGD, "Adam": optimizers.Adam}
 
 
 def _padded(rng, B, lo, hi, V, *, eos):
@@ -954,7 +913,8 @@ class _TrainCase:
     def learner_optimizer(self, h, opt):
         name, kwargs = opt
         params = method(h, "parameters", "TinyTransformer")()
-        return _remote(_torch_attr(self.learner, "optim", name)(params, **kwargs), TORCH_GONE)
+        return _remote(_remote(self.learner.grader_attribute("optimizers", name), TS_NO_OPTIMIZER)(params, **kwargs),
+                       TS_NO_OPTIMIZER)
 
     def run(self, opt, ls, clip, batches=None, pass_ls=True):
         """The learner's losses and state_dict after train_step on each batch."""
