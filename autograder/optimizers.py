@@ -8,8 +8,9 @@ the learner's `train_step` an optimizer of this module instead, built in the lea
 steps with the same classes here: one update rule on both sides.
 
 Each is a `torch.optim.Optimizer` (isinstance holds) with its interface: `param_groups`, `state`,
-`defaults`, `zero_grad(set_to_none=True)` and `step(closure=None)`. Only the base class's
-constructor is skipped (it is what imports the compiler); `SGD` is torch's without momentum or
+`defaults`, `zero_grad(set_to_none=True)` and `step(closure=None)` (the base class's other
+methods, such as `state_dict`, work too, and import the compiler as they do there). Only the base
+class's constructor is skipped (it is what imports the compiler); `SGD` is torch's without momentum or
 weight decay, `Adam` torch's single-tensor Adam with its default betas and eps, not amsgrad.
 
 This file is copied beside the worker (`autograder.worker_files`) and depends on PyTorch alone.
@@ -32,6 +33,10 @@ class SGD(torch.optim.Optimizer):
         self.defaults = {"lr": lr}
         self.param_groups = [{"params": params, **self.defaults}]
         self.state = collections.defaultdict(dict)
+        # the base class's hooks, empty, so that its other methods (state_dict, the hook registrations) work
+        for name in ("step_pre", "step_post", "state_dict_pre", "state_dict_post", "load_state_dict_pre",
+                     "load_state_dict_post"):
+            setattr(self, f"_optimizer_{name}_hooks", collections.OrderedDict())
 
     def _params(self):
         for group in self.param_groups:

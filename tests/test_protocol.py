@@ -776,6 +776,8 @@ def test_the_graders_optimizers_step_as_torch_optims_do():
                 assert loss is not None
         for a, b in zip(ours.parameters(), theirs.parameters()):
             assert torch.allclose(a, b, rtol=0, atol=1e-12), name
+        saved = opts[0].state_dict()  # the base class's own methods work on them too (no state for the unused one)
+        assert saved["param_groups"][0]["lr"] == kwargs["lr"] and len(saved["state"]) == (2 if name == "Adam" else 0)
 
 
 def test_meanwhile_runs_trusted_work_while_the_worker_runs_the_next_call():
