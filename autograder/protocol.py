@@ -138,6 +138,11 @@ def _shape(shape, max_dims: int) -> list[int]:
     return shape
 
 
+def base64_length(n: int) -> int:
+    """The length of the base64 text of n bytes."""
+    return 4 * ((n + 2) // 3)
+
+
 def array_from_payload(p, *, max_dims: int = 16) -> np.ndarray:
     """Rebuild an array, checking every field and the size before decoding any byte."""
     if not isinstance(p, dict) or set(p) != {"dtype", "shape", "data"}:
@@ -149,7 +154,7 @@ def array_from_payload(p, *, max_dims: int = 16) -> np.ndarray:
     if not isinstance(data, str):
         raise CodecError("malformed array data")
     nbytes = math.prod(shape) * np.dtype(dtype).itemsize
-    if len(data) != 4 * ((nbytes + 2) // 3):
+    if len(data) != base64_length(nbytes):
         raise CodecError("array data does not match its dtype and shape")
     try:
         raw = base64.b64decode(data.encode("ascii"), validate=True)
@@ -175,13 +180,13 @@ def payload_bytes(obj, cap: int, max_depth: int = 32) -> int:
             break
         t = type(x)
         if t is str or t is bytes:
-            n = len(x) if t is str else 4 * ((len(x) + 2) // 3)
+            n = len(x) if t is str else base64_length(len(x))
         elif isinstance(x, np.ndarray):
-            n = 4 * ((x.nbytes + 2) // 3)
+            n = base64_length(x.nbytes)
         elif torch is not None and isinstance(x, torch.Tensor):
             try:
                 size = 4 if x.dtype == torch.bfloat16 else torch.Tensor.element_size(x)
-                n = 0 if x.device.type == "meta" else 4 * ((torch.Tensor.numel(x) * size + 2) // 3)
+                n = 0 if x.device.type == "meta" else base64_length(torch.Tensor.numel(x) * size)
             except Exception:  # noqa: BLE001 - a tensor without a size to read: encode decides
                 n = 0
         elif t in (list, tuple):

@@ -55,6 +55,8 @@ def _grader_module(name: str):
         spec.loader.exec_module(module)
         _GRADER_LOADED[name] = module
     return _GRADER_LOADED[name]
+
+
 KEPT = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef,
         ast.Assign, ast.AnnAssign, ast.AugAssign)
 MAGIC_RE = re.compile(r"^\s*[%!]")
@@ -240,6 +242,7 @@ class Worker:
         self.handles: dict[int, object] = {}
         self.decode = P.Decoder(self.from_handle, int_keys=True)
         self.reply_bytes = 64 * 2**20  # the load request says the grader's own (Limits.reply_bytes)
+        self.sized = 0  # what the last value encoded takes in a reply (P.payload_bytes)
 
     # handles ---------------------------------------------------------------------------
     def to_handle(self, obj):
@@ -259,9 +262,9 @@ class Worker:
 
     def enc(self, value, used: int = 0):
         """`value` encoded, refused before it is encoded where its reply would be over the grader's limit
-        (`used`: what the same reply already holds)."""
+        (`used`: what the same reply already holds; `self.sized` is then what this value adds to it)."""
         left = self.reply_bytes - used
-        size = P.payload_bytes(value, left)
+        size = self.sized = P.payload_bytes(value, left)
         if size > left:
             most = self.reply_bytes
             most = f"{most // 2**20} MiB" if most >= 2**20 else f"{most} bytes"
@@ -364,8 +367,7 @@ class Worker:
                 if changed is not None:
                     raise _Reply(P.KIND_CHANGED, "ArgumentChanged", changed)
             values.append(self.enc(result, used))
-            if repeat is not None:
-                used += P.payload_bytes(result, self.reply_bytes)
+            used += self.sized
         return values[0] if repeat is None else values
 
     def op_getattr(self, req):
