@@ -1069,11 +1069,11 @@ def _hf_layout(V, n, d, L):
     return layout + [("transformer.ln_f.weight", (d,)), ("transformer.ln_f.bias", (d,))]
 
 
-def _hf_case(rng):
+def _hf_case(rng, min_heads=1):
     """The state dict of a random small GPT2LMHeadModel (gelu_new, no dropout), as its `state_dict()` gives it
     plus the causal-mask buffers a checkpoint also holds, with weights drawn from `rng` (float32), and the
-    matching GPT arguments (V, n, d, L, H)."""
-    H = _randint(rng, 1, 4)
+    matching GPT arguments (V, n, d, L, H), with at least `min_heads` heads."""
+    H = _randint(rng, min_heads, 4)
     d, L = H * 4 * _randint(rng, 1, 2), _randint(rng, 1, 3)
     V, n = _randint(rng, 30, 80), _randint(rng, 8, 16)
     sd = {}
@@ -1160,8 +1160,8 @@ def test_load_hf_gpt2_copies_every_weight(learner, reference, rng):
 @points(1, part="load_hf_gpt2")
 def test_load_hf_gpt2_logits_match_transformers(learner, reference, rng):
     """With GPT-2's weights loaded, do your GPT's logits agree with transformers' GPT2LMHeadModel's?"""
-    for _ in range(2):
-        sd, args = _hf_case(rng)
+    for min_heads in (1, 2):  # (with one head, heads split without a transpose give the right logits)
+        sd, args = _hf_case(rng, min_heads)
         V, n, d, L, H = args
         h, before, after = _load(learner, sd, args)
         _judge_params(after, before, sd, L)
