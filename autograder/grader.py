@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .ahead import Ahead, Ready, prepare_now
 from .assignments import Assignment
 from .device_check import plain_checks_without_symbolic_shapes
 from .hidden.support import Hint, Points
@@ -49,7 +50,7 @@ log = logging.getLogger("autograder")
 plain_checks_without_symbolic_shapes()  # the reference's Transformer layers, as the worker's (see there)
 
 GRADED, ERROR, GRADER_ERROR = "graded", "error", "grader_error"
-FIXTURES = ("learner", "reference", "rng", "devices", "seed")
+FIXTURES = ("learner", "reference", "rng", "devices", "seed", "prepared")
 GRADER_FAULT_HINT = ("The grader itself failed on this check (not a mistake of yours); "
                      "the instructor has been told and will regrade it.")
 VALUE_FAULT_HINT = ("This check could not use what your code returned ({error}){last}. Check the type, shape, "
@@ -213,6 +214,7 @@ class HiddenCheck:
     title: str
     fn: object
     params: tuple
+    prepare: object = None  # `support.prepared`: setup(reference) -> work(rng), done ahead (`autograder.ahead`)
 
 
 def load_hidden_checks(assignment: Assignment):
@@ -230,10 +232,14 @@ def load_hidden_checks(assignment: Assignment):
         if unknown:
             raise GraderConfigError(f"hidden test {name} asks for unknown fixture(s) {unknown}; "
                                     f"known: {', '.join(FIXTURES)}")
+        prepare = getattr(fn, "prepare", None)
+        if ("prepared" in params) != (prepare is not None):
+            raise GraderConfigError(f"hidden test {name} of {assignment.key}: a check marked @prepared takes the "
+                                    "fixture `prepared`, and only such a check does")
         # The title is the docstring's first paragraph, whole: a question cut at its first line
         # ("... and fill") reads as a different question in the report and on the feedback page.
         title = " ".join(inspect.cleandoc(fn.__doc__ or name).split("\n\n")[0].split())
-        checks.append(HiddenCheck(name, pts.part, float(pts.n), title, fn, params))
+        checks.append(HiddenCheck(name, pts.part, float(pts.n), title, fn, params, prepare))
     return module, checks
 
 
@@ -379,13 +385,18 @@ class Grader:
                 sub.close()
         result.notes = cap(result.notes, self.limits, dropped=sub.load_dropped)
 
-    def call_check(self, check: HiddenCheck, sub: Submission, s: int) -> None:
-        """Run one check against `sub` under the check's seed `s` (in both processes)."""
+    def call_check(self, check: HiddenCheck, sub: Submission, s: int, ready: Ready | None = None) -> None:
+        """Run one check against `sub` under the check's seed `s` (in both processes). A check marked
+        @prepared gets its work's value, from `ready` (done ahead, `autograder.ahead`) or done here."""
+        if check.prepare is not None and ready is None:
+            ready = prepare_now(check, self.reference, s)
+        prepared = ready.value() if ready is not None else None
         torch.manual_seed(s)
         np.random.seed(s % 2**32)
         random.seed(s)
-        fixtures = {"learner": Learner(sub), "reference": self.reference, "seed": s,
-                    "rng": torch.Generator().manual_seed(s), "devices": available_devices()}
+        fixtures = {"learner": Learner(sub), "reference": self.reference, "seed": s, "prepared": prepared,
+                    "rng": ready.rng if ready is not None else torch.Generator().manual_seed(s),
+                    "devices": available_devices()}
         sub.reseed(s)
         check.fn(**{p: fixtures[p] for p in check.params})
 
@@ -440,46 +451,51 @@ class Grader:
                             "This is not the learner's fault: fix and regrade")
 
     def _check_all(self, sub: Submission, result: Result, faults: list, replay: dict) -> None:
-        for check in self.checks:
-            if check.part not in result.parts:
-                continue  # a grade of some parts only (`grade(parts=...)`)
-            s = check_seed(result.seed, check.name)
-            passed, hint, fault, stub, missing = False, "", False, "", ""
-            sub.last_returned = None
-            sub.part = check.part
-            try:
-                self.call_check(check, sub, s)
-                passed = True
-            except (Hint, GradingError) as exc:
-                hint = hint_for(exc)
-                if isinstance(exc, NotImplementedRemote):
-                    stub = exc.name
-                elif isinstance(exc, MissingName):
-                    missing = exc.name
-            except Exception as exc:  # noqa: BLE001 - ours, unless it comes from what the learner returned
-                crash = traceback.format_exc()
-                last = sub.last_returned
-                if last is not None and self._replay(check, s, replay, sub):
-                    # Same check, same inputs, same seeds: it passes on the reference's values and
-                    # crashes on the learner's, so it crashed on what the learner returned.
-                    hint = VALUE_FAULT_HINT.format(
-                        error=type(exc).__name__,
-                        last=f"; the last value it received, from `{last[0][:100]}`, was {_returned(last[1])}")
-                    log.warning("hidden check %s failed on the values %s (%s) returned, seed %d; it passes on the "
-                                "reference's, so this counts as the learner's mistake:\n%s", check.name,
-                                result.notebook, result.student or "-", result.seed, crash)
-                else:
-                    fault = True
-                    hint = GRADER_FAULT_HINT
-                    faults.append(check.name)
-                    log.error("hidden check %s crashed on %s (%s), seed %d:\n%s", check.name, result.notebook,
-                              result.student or "-", result.seed, crash)
-            result.checks.append(CheckResult(name=check.name, part=check.part, title=check.title,
-                                             points=check.points if passed else 0.0, max_points=check.points,
-                                             passed=passed, hint=hint, grader_error=fault, stub=stub,
-                                             missing=missing))
-            if passed:
-                result.parts[check.part]["score"] += check.points
+        todo = [check for check in self.checks if check.part in result.parts]  # (`grade(parts=...)`: some)
+        ahead = [(check, check_seed(result.seed, check.name)) for check in todo if check.prepare is not None]
+        with Ahead(self.reference, ahead) as work:
+            for check in todo:
+                self._check_one(sub, result, faults, replay, check, work.get(check.name))
+
+    def _check_one(self, sub: Submission, result: Result, faults: list, replay: dict, check: HiddenCheck,
+                   ready: Ready | None) -> None:
+        s = check_seed(result.seed, check.name)
+        passed, hint, fault, stub, missing = False, "", False, "", ""
+        sub.last_returned = None
+        sub.part = check.part
+        try:
+            self.call_check(check, sub, s, ready)
+            passed = True
+        except (Hint, GradingError) as exc:
+            hint = hint_for(exc)
+            if isinstance(exc, NotImplementedRemote):
+                stub = exc.name
+            elif isinstance(exc, MissingName):
+                missing = exc.name
+        except Exception as exc:  # noqa: BLE001 - ours, unless it comes from what the learner returned
+            crash = traceback.format_exc()
+            last = sub.last_returned
+            if last is not None and self._replay(check, s, replay, sub):
+                # Same check, same inputs, same seeds: it passes on the reference's values and
+                # crashes on the learner's, so it crashed on what the learner returned.
+                hint = VALUE_FAULT_HINT.format(
+                    error=type(exc).__name__,
+                    last=f"; the last value it received, from `{last[0][:100]}`, was {_returned(last[1])}")
+                log.warning("hidden check %s failed on the values %s (%s) returned, seed %d; it passes on the "
+                            "reference's, so this counts as the learner's mistake:\n%s", check.name,
+                            result.notebook, result.student or "-", result.seed, crash)
+            else:
+                fault = True
+                hint = GRADER_FAULT_HINT
+                faults.append(check.name)
+                log.error("hidden check %s crashed on %s (%s), seed %d:\n%s", check.name, result.notebook,
+                          result.student or "-", result.seed, crash)
+        result.checks.append(CheckResult(name=check.name, part=check.part, title=check.title,
+                                         points=check.points if passed else 0.0, max_points=check.points,
+                                         passed=passed, hint=hint, grader_error=fault, stub=stub,
+                                         missing=missing))
+        if passed:
+            result.parts[check.part]["score"] += check.points
 
 
 __all__ = ["Grader", "GraderConfigError", "Result", "CheckResult", "GRADED", "ERROR", "GRADER_ERROR",

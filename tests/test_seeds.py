@@ -52,12 +52,13 @@ def _planted(check, seeds):
     mistake under some seeds)."""
     lucky = {check_seed(s, check.name) for s in seeds}
 
-    def planted(learner, reference, rng, devices, seed):
+    def planted(learner, reference, rng, devices, seed, prepared):
         if seed in lucky:
             return
         check.fn(**{p: v for p, v in dict(learner=learner, reference=reference, rng=rng, devices=devices,
-                                                seed=seed).items() if p in check.params})
-    return dataclasses.replace(check, fn=planted, params=("learner", "reference", "rng", "devices", "seed"))
+                                                seed=seed, prepared=prepared).items() if p in check.params})
+    return dataclasses.replace(check, fn=planted,
+                               params=("learner", "reference", "rng", "devices", "seed", "prepared"))
 
 
 @pytest.mark.slow

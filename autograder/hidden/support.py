@@ -52,6 +52,20 @@ def points(n: float, part: str):
     return mark
 
 
+def prepared(setup):
+    """Mark a hidden test whose first work needs neither the learner nor the checks before it (a search for
+    inputs with the reference alone), so that the grader may do it ahead, in a thread, while it waits for the
+    learner's worker (`autograder.ahead`). ``setup(reference)`` returns ``work(rng)``; the check takes the
+    fixture ``prepared``, the value of ``work`` called with the check's own ``rng``, which the check then gets
+    with the work's draws already made, as if it had done the work itself first. `work` must use `rng` and what
+    `setup` made alone: no global generator (module constructors draw from it: build modules in `setup`), no
+    global torch setting."""
+    def mark(fn):
+        fn.prepare = setup
+        return fn
+    return mark
+
+
 def expect(condition, hint: str) -> None:
     """Fail the check with `hint` unless `condition` holds."""
     if not bool(condition):
@@ -345,11 +359,24 @@ def _member(h, path, what: str, name: str):
 def learner_module(learner, class_name: str, ref_module: torch.nn.Module, *args, **kwargs):
     """The learner's `class_name(*args, **kwargs)`, holding `ref_module`'s weights (a remote handle).
 
-    Fails with a hint when the learner's parameters do not have the reference's names and shapes."""
+    Fails with a hint when the learner's parameters do not have the reference's names and shapes. The weights
+    are loaded at once (strictly, as `load_state_dict` does by default); only where that fails is the learner's
+    state dict read, to say which name or shape is wrong (reading it first took a quarter of the time a module
+    of chapter 06 took to build, on every module)."""
     h = module(getattr(learner, class_name)(*args, **kwargs), class_name)
+    ref_sd = ref_module.state_dict()
+    try:
+        h.load_state_dict({k: v.detach().clone() for k, v in ref_sd.items()})
+    except LearnerError:
+        _state_dict_fits(h, class_name, ref_sd)
+        raise  # names and shapes are right: the learner's load_state_dict fails otherwise
+    return h
+
+
+def _state_dict_fits(h, class_name: str, ref_sd: dict) -> None:
+    """A hint where the learner's module `h` has other parameter names or shapes than `ref_sd`."""
     sd = h.state_dict()
     expect(isinstance(sd, dict), f"`{class_name}`'s state_dict() is not a dict of tensors.")
-    ref_sd = ref_module.state_dict()
     missing = sorted(set(ref_sd) - set(sd))
     extra = sorted(set(sd) - set(ref_sd))
     expect(not missing and not extra,
@@ -360,8 +387,6 @@ def learner_module(learner, class_name: str, ref_module: torch.nn.Module, *args,
     for k, v in ref_sd.items():
         expect(isinstance(sd[k], torch.Tensor) and tuple(sd[k].shape) == tuple(v.shape),
                f"`{class_name}`'s parameter {k} has the wrong shape: expected {tuple(v.shape)}.")
-    h.load_state_dict({k: v.detach().clone() for k, v in ref_sd.items()})
-    return h
 
 
 # --- devices --------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ decoded again on its own. What the cached decoder feeds its model's decode is no
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import torch
@@ -28,8 +29,8 @@ import torch.nn.functional as F
 
 from autograder.hidden.support import (DEVICE_ERRORS, FIXED_DEVICE_HINT, Hint, broadcast_shape, close, diagnose, expect,
                                        expect_device_agnostic, expect_grads, learner_builtins, learner_grads,
-                                       learner_module, made_in_learner, method, module, points, random_mask,
-                                       submodule, tensor, vjp)
+                                       learner_module, made_in_learner, method, module, points, prepared,
+                                       random_mask, submodule, tensor, vjp)
 from autograder.runner import LearnerError, MissingName, NotImplementedRemote, RemoteObject
 
 F32, F64 = torch.float32, torch.float64
@@ -1621,16 +1622,12 @@ def _one_row(src, toks, eos):
     return [src[r:r + 1] for r, (a, b) in enumerate(zip(toks[0].tolist(), toks[2].tolist())) if cut(a) != cut(b)]
 
 
-def _greedy_model(learner, reference, rng, B, max_len, *, norm_first=False, sos=SOS, eos=EOS, pad=PAD):
-    """A model whose greedy outputs finish at different steps, row 0 before the last, and sources.
-
-    The outputs are computed with the reference, where every typical mistake of SHOWN (with B > 1) must change
-    them, and then with the learner's own model, whose decoding the greedy checks judge. A learner's model
-    whose rows do not finish so (a wrong one may stop every row at once, or never) would let a decoder that
-    does not even call it pass: a few more models are tried, and where none does, the decoder is not judged
-    (`unjudged`): it is told to fix its model first."""
-    m, own_tries, same_rows, fails = None, 0, 0, False
-    ref = reference.Transformer(9, 9, 16, 2, 2, 24, 0.0, 64, norm_first).eval()  # new weights each try
+def _reference_cases(reference, rng, ref, B, max_len, norm_first, sos, eos, pad):
+    """Models and sources on which the reference's greedy outputs finish at different steps, row 0 before the last,
+    and every typical mistake of SHOWN (with B > 1) changes them: for each, (state dict, source, the reference's
+    tokens), found with the reference alone (`ref`, a reference Transformer of `norm_first`, whose weights each is
+    checked with) and drawn from `rng` alone, at most 60 tries in all. Being the learner's, the greedy checks do
+    the first search ahead (`_prepare_greedy`)."""
     # Each try draws new weights, 8 sources and 6 extra biases on eos (which decide when rows stop, spread over
     # -1 .. 4), and decodes the 48 candidates in one batch (`_candidates`): about one candidate in 20 shows every
     # mistake where it is hardest (B = 4, max_len = 6), and about one try in 12 has none; 60 tries never run out.
@@ -1658,13 +1655,50 @@ def _greedy_model(learner, reference, rng, B, max_len, *, norm_first=False, sos=
             continue
         # The first candidate found, in an order of the rng's, decoded again on its own as a check of the batch.
         k, j, order, toks = found[int(torch.randint(len(found), (), generator=rng))]
-        src, out = srcs[k][order], toks[0]
+        src = srcs[k][order]
         sd["out.bias"][eos] = biases[j]
-        ref.double()  # (the learner's copy below leaves it in float32)
+        ref.double()  # (the learner's copy leaves the check's own `ref` in float32)
         ref.load_state_dict(sd)
         with torch.inference_mode():
-            if not torch.equal(reference.greedy_decode(ref, src, max_len, sos, eos, pad), out):
+            if not torch.equal(reference.greedy_decode(ref, src, max_len, sos, eos, pad), toks[0]):
                 continue  # (a near tie decided otherwise in a batch of another size: not seen yet)
+        yield sd, src, toks
+
+
+def _prepare_greedy(B, max_len, *, norm_first=False, sos=SOS, eos=EOS, pad=PAD):
+    """A greedy check's first search for a model (`_reference_cases`), to be done ahead (`support.prepared`):
+    the case found and the search, which the check goes on with where the learner's model needs another one."""
+    def setup(reference):
+        ref = reference.Transformer(9, 9, 16, 2, 2, 24, 0.0, 64, norm_first).eval()
+
+        def work(rng):
+            cases = _reference_cases(reference, rng, ref, B, max_len, norm_first, sos, eos, pad)
+            return list(itertools.islice(cases, 1)), cases
+        return work
+    return setup
+
+
+def _greedy_model(learner, reference, rng, B, max_len, *, norm_first=False, sos=SOS, eos=EOS, pad=PAD,
+                  prepared=None):
+    """A model whose greedy outputs finish at different steps, row 0 before the last, and sources.
+
+    The outputs are computed with the reference, where every typical mistake of SHOWN (with B > 1) must change
+    them (`_reference_cases`, whose first case `prepared` may hold, searched ahead: `_prepare_greedy`), and then
+    with the learner's own model, whose decoding the greedy checks judge. A learner's model whose rows do not
+    finish so (a wrong one may stop every row at once, or never) would let a decoder that does not even call it
+    pass: a few more models are tried, and where none does, the decoder is not judged (`unjudged`): it is told to
+    fix its model first."""
+    m, own_tries, same_rows, fails = None, 0, 0, False
+    ref = reference.Transformer(9, 9, 16, 2, 2, 24, 0.0, 64, norm_first).eval()  # each case's weights, in turn
+    if prepared is None:
+        cases = _reference_cases(reference, rng, ref, B, max_len, norm_first, sos, eos, pad)
+    else:
+        first, rest = prepared
+        cases = itertools.chain(first, rest)
+    for sd, src, toks in cases:
+        out = toks[0]
+        ref.double()
+        ref.load_state_dict(sd)
         m = _learner_model(learner, reference, rng, ref, sd, norm_first)
         if B > 1:  # one row, alone a source on which the token's position decides (`_one_row`)
             rows = _one_row(src, toks, eos)
@@ -1776,7 +1810,7 @@ def _check_stopping(learner, m, src, max_len, name, **special):
     for shift, ids in ((1e3, [eos]), (-1e3, [eos, sos])):  # (no row says sos: the sos column is told apart)
         bias = sd["out.bias"].clone()
         bias[ids] += shift
-        m.mod.load_state_dict(dict(sd, **{"out.bias": bias}))
+        m.mod.load_state_dict({"out.bias": bias}, strict=False)  # (the bias alone: a whole state dict took 9 ms)
         got = _run(m, f"`{name}`", lambda: getattr(learner, name)(m.mod, src, max_len, **special))
         expect(isinstance(got, torch.Tensor) and got.dtype == torch.long, GR_TYPE.format(name))
         tensor(got, name, dtype=torch.long, what="its tokens")
@@ -1789,7 +1823,7 @@ def _check_stopping(learner, m, src, max_len, name, **special):
                 expect(L == 1, GR_NO_STOP.format(name))
         elif not bool((got == eos).any()):
             expect(L == max_len, GR_STEPS.format(name))
-    m.mod.load_state_dict(sd)
+    m.mod.load_state_dict({"out.bias": sd["out.bias"]}, strict=False)
 
 
 def _check_greedy_on_devices(learner, reference, rng, devices, name):
@@ -1861,9 +1895,10 @@ def _check_one_token_a_step(learner, m, src, max_len, **special):
 
 
 @points(1.5, part="greedy_decode")
-def test_greedy_decode_matches_reference(learner, reference, rng, devices):
+@prepared(_prepare_greedy(5, 7))
+def test_greedy_decode_matches_reference(learner, reference, rng, devices, prepared):
     """Does greedy_decode feed back the argmax at every step, pad after eos and stop when every row is done?"""
-    m, src = _greedy_model(learner, reference, rng, 5, 7)
+    m, src = _greedy_model(learner, reference, rng, 5, 7, prepared=prepared)
     _check_greedy(learner, m, src, 7, "greedy_decode")
     _check_stopping(learner, m, src, 7, "greedy_decode")
     _check_greedy(learner, m, m.one_row, 7, "greedy_decode")  # a batch of one
@@ -1872,10 +1907,11 @@ def test_greedy_decode_matches_reference(learner, reference, rng, devices):
 
 
 @points(2, part="greedy_decode")
-def test_greedy_decode_cached_equals_recomputation(learner, reference, rng, devices):
+@prepared(_prepare_greedy(6, 8, norm_first=True))
+def test_greedy_decode_cached_equals_recomputation(learner, reference, rng, devices, prepared):
     """Does greedy_decode_cached give exactly greedy_decode's tokens when rows end at different steps, feeding the
     decoder one token a step?"""
-    m, src = _greedy_model(learner, reference, rng, 6, 8, norm_first=True)
+    m, src = _greedy_model(learner, reference, rng, 6, 8, norm_first=True, prepared=prepared)
     _check_greedy(learner, m, src, 8, "greedy_decode_cached")
     _check_one_token_a_step(learner, m, src, 8)
     _check_stopping(learner, m, src, 8, "greedy_decode_cached")
@@ -1885,10 +1921,11 @@ def test_greedy_decode_cached_equals_recomputation(learner, reference, rng, devi
 
 
 @points(0.5, part="greedy_decode")
-def test_greedy_decode_honours_sos_eos_pad(learner, reference, rng):
+@prepared(_prepare_greedy(4, 6, sos=3, eos=4, pad=5))
+def test_greedy_decode_honours_sos_eos_pad(learner, reference, rng, prepared):
     """Do both decoders use the sos, eos and pad ids they are given?"""
     special = {"sos": 3, "eos": 4, "pad": 5}
-    m, src = _greedy_model(learner, reference, rng, 4, 6, **special)
+    m, src = _greedy_model(learner, reference, rng, 4, 6, **special, prepared=prepared)
     for name in ("greedy_decode", "greedy_decode_cached"):
         _check_greedy(learner, m, src, 6, name, **special)
         _check_stopping(learner, m, src, 6, name, **special)

@@ -52,6 +52,21 @@ MISTAKES = {
     "unbiased_variance": Mistake(23, LN, {"test_layer_norm_matches_torch": "unbiased variance",
                                           "test_layer_norm_gradients": "unbiased variance"}, edits=(
         ("var = (x - mean).pow(2).mean(dim=-1, keepdim=True)", "var = x.var(dim=-1, keepdim=True)"),)),
+    # A parameter of its own in FeedForward, or a layer of another size: every module built with the reference's
+    # weights says which name or shape is wrong (the weights are loaded first; the state dict is read on failure).
+    "ff_extra_parameter": Mistake(5, FF | ENC | DEC | MODEL | GREEDY, {
+        **_all(FF, "unexpected: scale"), **_all(ENC | DEC, "unexpected: ff.scale"),
+        **_all(MODEL | GREEDY, "unexpected: decoder.0.ff.scale")}, edits=(
+        ("class FeedForward(FeedForwardBase):\n    def forward(self, x):",
+         "class FeedForward(FeedForwardBase):\n    def __init__(self, *args, **kwargs):\n"
+         "        super().__init__(*args, **kwargs)\n        self.scale = nn.Parameter(torch.ones(1))\n\n"
+         "    def forward(self, x):"),)),
+    "ff_wrong_size": Mistake(5, FF | ENC | DEC | MODEL | GREEDY, {
+        **_all(FF, "linear1.weight has the wrong shape"), **_all(ENC | DEC, "ff.linear1.weight has the wrong shape"),
+        **_all(MODEL | GREEDY, "encoder.0.ff.linear1.weight has the wrong shape")}, edits=(
+        ("class FeedForward(FeedForwardBase):\n    def forward(self, x):",
+         "class FeedForward(FeedForwardBase):\n    def __init__(self, d_model, d_ff, dropout=0.0):\n"
+         "        super().__init__(d_model, d_ff + 1, dropout)\n\n    def forward(self, x):"),)),
     # The dropout check judges the values in eval mode too: a wrong network loses it as well.
     "ff_no_relu": Mistake(24, FF, _all(FF, "no ReLU between linear1 and linear2"), edits=(
         ("return self.linear2(self.dropout(F.relu(self.linear1(x))))",
