@@ -292,6 +292,7 @@ def entry_point(prog: str = "attention-course") -> None:
     """The command line as a program: the `attention-course` script, and `python -m autograder`
     (which passes its own `prog`). Runs the command and ends the process with its exit code."""
     args = build_parser(prog).parse_args()
+    args.freeze_imports = args.command == "check"  # the process ends with the check (`check_command`)
     code = run(args)
     if args.command == "check":
         # The check has printed its report and ended its worker. What is left is the interpreter's
