@@ -6,12 +6,15 @@ import pytest
 import torch
 
 
-@pytest.mark.parametrize("B, max_len, norm_first, special", [
-    (5, 7, False, {}), (6, 8, True, {}), (4, 6, False, {"sos": 3, "eos": 4, "pad": 5})])
-def test_exercise_06s_batched_search_finds_what_one_decoding_at_a_time_finds(B, max_len, norm_first, special):
+@pytest.mark.parametrize("B, max_len, norm_first, special, uncached", [
+    (5, 7, False, {}, True), (6, 8, True, {}, False), (4, 6, False, {"sos": 3, "eos": 4, "pad": 5}, True)])
+def test_exercise_06s_batched_search_finds_what_one_decoding_at_a_time_finds(B, max_len, norm_first, special,
+                                                                               uncached):
     """Exercise 06's greedy checks choose their model among candidates decoded in one batch, each typical mistake's
     tokens cut from never-stopped rows (`_candidates`). Every candidate it keeps must show, decoded on its own with
-    the mistake made (`_ref_greedy`), the very tokens it derived, all different from each other; and each row that
+    the mistake made (`_ref_greedy`), the very tokens it derived, all different from each other, and, for the checks
+    of the decoder without a cache, other tokens than the right ones with no causal mask at all; other tokens with
+    `finished` set anew at each step (with B > 1); and each row that
     the checks of a batch of one may take must show, alone, a decoder that feeds every token at position 0
     (`_one_row`)."""
     from autograder.hidden import test_06_transformer as hidden
@@ -19,6 +22,7 @@ def test_exercise_06s_batched_search_finds_what_one_decoding_at_a_time_finds(B, 
 
     sos, eos, pad = special.get("sos", hidden.SOS), special.get("eos", hidden.EOS), special.get("pad", hidden.PAD)
     shown = hidden.SHOWN if B > 1 else ("offset_zero",)
+    differ = hidden.UNCACHED_MISTAKES if uncached else ()
     kept = 0
     for seed in range(30):
         if kept >= 4:
@@ -31,7 +35,8 @@ def test_exercise_06s_batched_search_finds_what_one_decoding_at_a_time_finds(B, 
         avoid = (sos, eos) + ((hidden.PAD,) if pad != hidden.PAD else ())
         srcs = [hidden._padded_tokens(rng, B, 4, pad=pad, lo=0, avoid=avoid) for _ in range(8)]
         deltas = [-1.0 + 5.0 * j / 6 for j in range(6)]
-        found = hidden._candidates(reference, sd, 2, norm_first, srcs, deltas, B, max_len, sos, eos, pad, shown)
+        found = hidden._candidates(reference, sd, 2, norm_first, srcs, deltas, B, max_len, sos, eos, pad, shown,
+                                   differ)
         for k, j, order, toks in found[:2]:
             one = dict(sd, **{"out.bias": sd["out.bias"].clone()})
             one["out.bias"][eos] += deltas[j]
@@ -45,10 +50,16 @@ def test_exercise_06s_batched_search_finds_what_one_decoding_at_a_time_finds(B, 
             for mistake, derived in zip(shown, toks[2:]):
                 assert torch.equal(derived, hidden._ref_greedy(reference, ref, src, max_len, sos, eos, pad, mistake)), \
                     (seed, mistake)
+            for mistake in differ:
+                assert not torch.equal(toks[0], hidden._ref_greedy(reference, ref, src, max_len, sos, eos, pad,
+                                                                   mistake)), (seed, mistake)
             assert len(toks) == 2 + len(shown)
             assert not any(torch.equal(a, b) for i, a in enumerate(toks) for b in toks[:i]), seed
             if B > 1:
                 assert hidden._row0_early(toks[0], eos), seed
+                # a decoder that forgets which rows finished decodes other tokens
+                assert not torch.equal(toks[0], hidden._ref_greedy(reference, ref, src, max_len, sos, eos, pad,
+                                                                   "forget")), seed
                 # Each row the one-row checks may take: alone, the position of the tokens fed decides its tokens.
                 rows = hidden._one_row(src, toks, eos)
                 assert rows, seed

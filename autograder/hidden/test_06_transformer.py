@@ -138,6 +138,10 @@ GR_GENERIC = ("`{}` differs from feeding back the argmax of the last position's 
 GR_WITH_SOS = "`{}` returns the sos column: return only the generated tokens, as in exercise 01."
 GR_NO_PAD = "`{}` does not fill the positions after a row's eos with pad."
 GR_NO_STOP = "`{}` does not stop as soon as every row has produced eos."
+GR_EOS_PADDED = ("`{}` replaces a row's eos itself with pad: pad the steps after the one where the row output eos "
+                 "(mask with the rows finished before this step, then mark the rows that output eos now).")
+GR_FORGETS = ("`{}` forgets that a row has finished: once a row has output eos it stays finished "
+              "(finished = finished | (y == eos)), and every later token of it is pad.")
 # (row 0 is always one that finishes first: this is also the hint of a decoder that stops when row 0 is finished)
 GR_ANY_STOP = "`{}` stops when the first row produces eos: stop when every row has."
 GR_STEPS = "`{}` takes one step too few or too many: at most max_len steps, one token each."
@@ -1280,7 +1284,7 @@ def test_transformer_causal_and_padding_properties(learner, reference, rng):
 def _greedy_here(m, src, max_len, sos=SOS, eos=EOS, pad=PAD, *, cached=False, offset_ignored=False,
                  no_cache=False, first_cache=False, mask=True, early=True, any_stop=False,
                  with_sos=False, first_pos=False, no_src_mask=False, leaky_mask=False, no_causal=False,
-                 offset_shift=0, sm=None):
+                 offset_shift=0, sm=None, eos_padded=False, forget=False):
     """Greedy decoding run from here with the learner's own model (its encode and decode); flags make mistakes."""
     sm = (src != pad)[:, None, None, :] if sm is None else sm
     sm = None if no_src_mask else sm
@@ -1300,10 +1304,13 @@ def _greedy_here(m, src, max_len, sos=SOS, eos=EOS, pad=PAD, *, cached=False, of
             tm = None if no_causal else _leaky(T) if leaky_mask else _causal(T)
             logits, _ = _learner_decode(m, ys, memory, sm, tm)
         y = logits[:, 0 if first_pos else -1].argmax(-1)
+        if eos_padded:  # (the rows that output eos now marked finished before the padding)
+            finished = finished | (y == eos)
         if mask:
             y = y.masked_fill(finished, pad)
         toks.append(y)
-        finished = finished | (y == eos)
+        if not eos_padded:
+            finished = (y == eos) if forget else finished | (y == eos)
         if early and bool(finished.any() if any_stop else finished.all()):
             break
         ys = torch.cat([ys, y[:, None]], 1)
@@ -1324,7 +1331,8 @@ def _ref_greedy(reference, ref, src, max_len, sos, eos, pad, mistake=None):
     decoder, "offset_zero" (every token fed at position 0), "first_cache" (the first step's caches passed at every
     step), "no_cache", "offset_plus_one" (each token fed one position too far);
     of either, "no_pad" (rows go on after their eos, never padded), "no_src_mask" (no source mask), "row0_stop"
-    (stop when row 0 is finished), "first_pos" (the argmax of the first position's logits), "leaky_mask" (a
+    (stop when row 0 is finished), "forget" (`finished` set anew at each step, not kept), "first_pos" (the argmax
+    of the first position's logits), "leaky_mask" (a
     causal mask through which each position sees the next one: the last position's logits change only through
     the earlier positions' outputs, in the layers after the first), "no_causal" (no causal mask at all)."""
     sm = None if mistake == "no_src_mask" else reference.make_src_mask(src, pad)
@@ -1346,7 +1354,7 @@ def _ref_greedy(reference, ref, src, max_len, sos, eos, pad, mistake=None):
         if mistake != "no_pad":
             y = y.masked_fill(finished, pad)
         toks.append(y)
-        finished = finished | (y == eos)
+        finished = (y == eos) if mistake == "forget" else finished | (y == eos)
         if bool(finished[0] if mistake == "row0_stop" else finished.all()):
             break
         ys = torch.cat([ys, y[:, None]], 1)
@@ -1364,6 +1372,14 @@ def _finishes_unevenly(out, eos):
     # Rows end at different steps, and one runs at least three: a prefix longer than one token
     # is decoded, where a mask of the wrong shape no longer broadcasts by chance.
     return min(firsts) < max(firsts) and max(firsts) >= 2
+
+
+def _forgetting_shows(out, eos, max_len):
+    """Whether a decoder that sets `finished` anew at each step (`finished = y == eos`) gives other tokens than `out`,
+    the right ones: a row that finished is fed pad at the next step, is then no longer finished and goes on, so it
+    shows where decoding stops before max_len (it would not stop there), or two steps after a row's eos."""
+    L = out.shape[1]
+    return L < max_len or min(_eos_steps(out, eos)) <= L - 3
 
 
 def _row0_early(out, eos):
@@ -1516,13 +1532,19 @@ def _stopped(raw, eos, pad, *, masked=True, row0=False):
 _CUT = {"no_pad": ("right", {"masked": False}), "row0_stop": ("right", {"row0": True}),
         "first_pos": ("first", {})}
 N_SOURCES, N_BIASES = 8, 6
+# The mistakes decoded by recomputing the whole prefix at each step, under this target mask (T -> mask or None).
+RECOMPUTED = {"leaky_mask": _leaky, "no_causal": lambda T: None}
+# What the greedy checks of the decoder without a cache must show besides SHOWN: no causal mask at all. Its tokens
+# often equal those of a leaky one (the hint names both then), so they need only differ from the right ones.
+UNCACHED_MISTAKES = ("no_causal",)
 
 
-def _candidates(reference, sd, H, norm_first, srcs, deltas, B, max_len, sos, eos, pad, shown):
+def _candidates(reference, sd, H, norm_first, srcs, deltas, B, max_len, sos, eos, pad, shown, differ=()):
     """Of the candidates (a source of `srcs`, an eos bias of `deltas`) on the reference model (its float64 state dict
     `sd`, `H` heads, `norm_first`): those whose greedy outputs finish unevenly, with the row that finishes first
     moved to row 0 (where B > 1), and differ from all pad and from each typical mistake's of `shown`, which all
-    differ from each other. The candidates are decoded with `_Fast`: every one right, with the cache; those still
+    differ from each other, and from each mistake's of `differ` (which may equal another mistake's: "no_causal",
+    whose hint names "leaky_mask" too where the two agree). The candidates are decoded with `_Fast`: every one right, with the cache; those still
     in, with the mistakes of the cache, the offset and the source mask in one batch, then recomputing the prefix
     under a leaky causal mask. Returns, for each, (source index, delta index, row order, [right tokens, all pad,
     each mistake's tokens]): tests/test_hidden_cases.py compares them with `_ref_greedy`."""
@@ -1540,7 +1562,7 @@ def _candidates(reference, sd, H, norm_first, srcs, deltas, B, max_len, sos, eos
         out = _stopped(right[c * B:(c + 1) * B], eos, pad)
         order = list(range(B))
         if B > 1:
-            if not _finishes_unevenly(out, eos):
+            if not (_finishes_unevenly(out, eos) and _forgetting_shows(out, eos, max_len)):
                 continue
             firsts = _eos_steps(out, eos)
             i = firsts.index(min(firsts))
@@ -1556,13 +1578,14 @@ def _candidates(reference, sd, H, norm_first, srcs, deltas, B, max_len, sos, eos
     runs = {"right": {c: right[c * B:(c + 1) * B] for c in range(len(cands))}}
     runs["first"] = {c: t[:, :1].expand(-1, max_len) for c, t in runs["right"].items()}
     together = [m for m in shown if m in CACHED_MISTAKES or m == "no_src_mask"]
-    for mistake in shown:
+    for mistake in (*shown, *differ):
         source, cut = _CUT.get(mistake, (mistake, {}))
         if source not in runs and alive:
             rows = torch.cat([torch.arange(c * B, (c + 1) * B) for c, *_ in alive])
             n = len(rows)
-            if source == "leaky_mask":
-                made = [source], fast.recomputed(memory[rows], sm_all[rows], max_len, sos, eos, delta_all[rows], _leaky)
+            if source in RECOMPUTED:
+                made = [source], fast.recomputed(memory[rows], sm_all[rows], max_len, sos, eos, delta_all[rows],
+                                                 RECOMPUTED[source])
             else:
                 unmasked = fast.encode(src_all[rows], None) if "no_src_mask" in together else None
                 made = together, fast.cached(
@@ -1575,7 +1598,10 @@ def _candidates(reference, sd, H, norm_first, srcs, deltas, B, max_len, sos, eos
         still = []
         for c, k, j, order, toks in alive:
             new = _stopped(runs[source][c][order], eos, pad, **cut)
-            if not any(torch.equal(new, t) for t in toks):
+            if mistake in differ:
+                if not torch.equal(new, toks[0]):
+                    still.append((c, k, j, order, toks))
+            elif not any(torch.equal(new, t) for t in toks):
                 toks.append(new)
                 still.append((c, k, j, order, toks))
         alive = still
@@ -1622,9 +1648,10 @@ def _one_row(src, toks, eos):
     return [src[r:r + 1] for r, (a, b) in enumerate(zip(toks[0].tolist(), toks[2].tolist())) if cut(a) != cut(b)]
 
 
-def _reference_cases(reference, rng, ref, B, max_len, norm_first, sos, eos, pad):
+def _reference_cases(reference, rng, ref, B, max_len, norm_first, sos, eos, pad, uncached=True):
     """Models and sources on which the reference's greedy outputs finish at different steps, row 0 before the last,
-    and every typical mistake of SHOWN (with B > 1) changes them: for each, (state dict, source, the reference's
+    and every typical mistake of SHOWN (with B > 1), and of UNCACHED_MISTAKES where `uncached` (a check of the decoder
+    without a cache), changes them: for each, (state dict, source, the reference's
     tokens), found with the reference alone (`ref`, a reference Transformer of `norm_first`, whose weights each is
     checked with) and drawn from `rng` alone, at most 60 tries in all. Being the learner's, the greedy checks do
     the first search ahead (`_prepare_greedy`)."""
@@ -1632,6 +1659,7 @@ def _reference_cases(reference, rng, ref, B, max_len, norm_first, sos, eos, pad)
     # -1 .. 4), and decodes the 48 candidates in one batch (`_candidates`): about one candidate in 20 shows every
     # mistake where it is hardest (B = 4, max_len = 6), and about one try in 12 has none; 60 tries never run out.
     shown = SHOWN if B > 1 else ("offset_zero",)
+    differ = UNCACHED_MISTAKES if uncached and B > 1 else ()
     names = ref.state_dict()
     for _ in range(60):
         sd = _state(rng, names)
@@ -1650,7 +1678,7 @@ def _reference_cases(reference, rng, ref, B, max_len, norm_first, sos, eos, pad)
         biases = [_r(base - 1.0 + 5.0 * (j + float(torch.rand((), generator=rng))) / N_BIASES) for j in range(N_BIASES)]
         with torch.inference_mode():
             found = _candidates(reference, sd, 2, norm_first, srcs, [b - base for b in biases], B, max_len, sos, eos,
-                                pad, shown)
+                                pad, shown, differ)
         if not found:
             continue
         # The first candidate found, in an order of the rng's, decoded again on its own as a check of the batch.
@@ -1665,21 +1693,21 @@ def _reference_cases(reference, rng, ref, B, max_len, norm_first, sos, eos, pad)
         yield sd, src, toks
 
 
-def _prepare_greedy(B, max_len, *, norm_first=False, sos=SOS, eos=EOS, pad=PAD):
+def _prepare_greedy(B, max_len, *, norm_first=False, sos=SOS, eos=EOS, pad=PAD, uncached=True):
     """A greedy check's first search for a model (`_reference_cases`), to be done ahead (`support.prepared`):
     the case found and the search, which the check goes on with where the learner's model needs another one."""
     def setup(reference):
         ref = reference.Transformer(9, 9, 16, 2, 2, 24, 0.0, 64, norm_first).eval()
 
         def work(rng):
-            cases = _reference_cases(reference, rng, ref, B, max_len, norm_first, sos, eos, pad)
+            cases = _reference_cases(reference, rng, ref, B, max_len, norm_first, sos, eos, pad, uncached)
             return list(itertools.islice(cases, 1)), cases
         return work
     return setup
 
 
 def _greedy_model(learner, reference, rng, B, max_len, *, norm_first=False, sos=SOS, eos=EOS, pad=PAD,
-                  prepared=None):
+                  prepared=None, uncached=True):
     """A model whose greedy outputs finish at different steps, row 0 before the last, and sources.
 
     The outputs are computed with the reference, where every typical mistake of SHOWN (with B > 1) must change
@@ -1691,7 +1719,7 @@ def _greedy_model(learner, reference, rng, B, max_len, *, norm_first=False, sos=
     m, own_tries, same_rows, fails = None, 0, 0, False
     ref = reference.Transformer(9, 9, 16, 2, 2, 24, 0.0, 64, norm_first).eval()  # each case's weights, in turn
     if prepared is None:
-        cases = _reference_cases(reference, rng, ref, B, max_len, norm_first, sos, eos, pad)
+        cases = _reference_cases(reference, rng, ref, B, max_len, norm_first, sos, eos, pad, uncached)
     else:
         first, rest = prepared
         cases = itertools.chain(first, rest)
@@ -1787,6 +1815,7 @@ def _check_greedy(learner, m, src, max_len, name, **special):
         table += [(GR_CAUSAL_EITHER, both), (GR_NO_CAUSAL, nc), (GR_LEAKY_MASK, leaky)]
     table += [(GR_NO_PAD, run(mask=False)), (GR_NO_PAD, run(mask=False, early=False)),
               (GR_NO_STOP, run(early=False)), (GR_ANY_STOP, run(any_stop=True)),
+              (GR_EOS_PADDED, run(eos_padded=True)), (GR_FORGETS, run(forget=True)),
               (GR_WITH_SOS, run(with_sos=True)), (GR_WITH_SOS, run(with_sos=True, early=False)),
               (GR_NO_SRC_MASK, run(no_src_mask=True)), (GR_FIRST_POS, run(first_pos=True)),
               (GR_STEPS, run(max_len=max_len - 1) if max_len > 1 else None), (GR_STEPS, run(max_len=max_len + 1))]
@@ -1907,11 +1936,11 @@ def test_greedy_decode_matches_reference(learner, reference, rng, devices, prepa
 
 
 @points(2, part="greedy_decode")
-@prepared(_prepare_greedy(6, 8, norm_first=True))
+@prepared(_prepare_greedy(6, 8, norm_first=True, uncached=False))
 def test_greedy_decode_cached_equals_recomputation(learner, reference, rng, devices, prepared):
     """Does greedy_decode_cached give exactly greedy_decode's tokens when rows end at different steps, feeding the
     decoder one token a step?"""
-    m, src = _greedy_model(learner, reference, rng, 6, 8, norm_first=True, prepared=prepared)
+    m, src = _greedy_model(learner, reference, rng, 6, 8, norm_first=True, prepared=prepared, uncached=False)
     _check_greedy(learner, m, src, 8, "greedy_decode_cached")
     _check_one_token_a_step(learner, m, src, 8)
     _check_stopping(learner, m, src, 8, "greedy_decode_cached")

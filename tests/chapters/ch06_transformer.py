@@ -132,6 +132,15 @@ MISTAKES = {
                                          edits=(("caches, offset=t)", "caches, offset=0)"),)),
     "greedy_no_pad_after_eos": Mistake(22, GREEDY, _all(GREEDY, "does not fill the positions after a row's eos"),
                                        edits=((".masked_fill(finished, pad)", ""),)),
+    # Written from the spec alone by a learner: the eos itself padded (the rows that output it marked finished
+    # before the padding), and `finished` set anew at each step instead of kept.
+    "greedy_eos_padded": Mistake(22, GREEDY, _all(GREEDY, "replaces a row's eos itself with pad"), edits=(
+        ("        y = logits[:, -1].argmax(dim=-1).masked_fill(finished, pad)  # (B,)\n        tokens.append(y)\n"
+         "        finished = finished | (y == eos)\n",
+         "        y = logits[:, -1].argmax(dim=-1)  # (B,)\n        finished = finished | (y == eos)\n"
+         "        y = y.masked_fill(finished, pad)\n        tokens.append(y)\n"),)),
+    "greedy_finished_reassigned": Mistake(22, GREEDY, _all(GREEDY, "forgets that a row has finished"), edits=(
+        ("        finished = finished | (y == eos)\n", "        finished = y == eos\n"),)),
     "greedy_with_sos": Mistake(24, {"test_greedy_decode_matches_reference", "test_greedy_decode_honours_sos_eos_pad"},
                                _all({"test_greedy_decode_matches_reference", "test_greedy_decode_honours_sos_eos_pad"},
                                     "returns the sos column"), edits=(
