@@ -18,7 +18,8 @@ the cell stays byte-identical, and the result is checked to parse to exactly the
 tree.
 
 Each mutant has a stable id, ``CELL-OPERATOR-HASH``, the hash taken over the enclosing
-function's name and the changed line(s) before and after, so it survives edits elsewhere.
+function's name and the changed node's code before and after (``ast.unparse``: no comment, no
+docstring, no layout), so it survives edits elsewhere, a reworded comment or a reflowed line.
 A survivor that cannot change any output is marked *equivalent* in
 ``exercises/source/KEY.equivalent.toml``, one table per id with a one-line reason::
 
@@ -578,7 +579,7 @@ def cell_mutants(cell_id: str, source: str, operators=OPERATORS) -> list[Mutant]
                 if dump in seen:
                     continue
                 seen.add(dump)
-                base = f"{mutant.function}|{mutant.before.strip()}|{mutant.after.strip()}"
+                base = f"{mutant.function}|{ast.unparse(node)}|{ast.unparse(new)}"
                 n = ids.get(base, 0)
                 ids[base] = n + 1
                 digest = hashlib.sha1(f"{base}|{n}".encode()).hexdigest()[:8]

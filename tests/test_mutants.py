@@ -109,7 +109,7 @@ def test_error_messages_are_not_mutated():
 
 def test_rest_of_the_cell_is_byte_identical_and_ids_are_stable():
     """Does a mutant change only its node's text (comments, spacing and other lines kept), and does its
-    id survive an edit elsewhere in the cell?"""
+    id survive an edit elsewhere in the cell, and a reworded comment, a docstring or a reflowed line?"""
     body = "    s = q  @  k.mT / math.sqrt(d)   # (B, T, T) note: café\n    return s.softmax(dim=-1)\n"
     source = f"def f(q, k, d):\n    ### BEGIN SOLUTION\n{body}    ### END SOLUTION\n"
     ms = mt.cell_mutants("cell", source)
@@ -120,6 +120,11 @@ def test_rest_of_the_cell_is_byte_identical_and_ids_are_stable():
     edited = "# a comment added above\n" + source.replace("return s.softmax", "y = 1\n    return s.softmax")
     assert {m.id for m in ms} <= {m.id for m in mt.cell_mutants("cell", edited)}
     assert len({m.id for m in ms}) == len(ms)
+    # a reworded comment on the mutated line, a docstring and a reflowed expression rename nothing
+    reworded = source.replace("# (B, T, T) note: café", "# scores, (B, T, T)").replace(
+        "def f(q, k, d):\n", 'def f(q, k, d):\n    """The attention weights."""\n').replace(
+        "q  @  k.mT / math.sqrt(d)", "(q @ k.mT\n         / math.sqrt(d))")
+    assert [m.id for m in mt.cell_mutants("cell", reworded)] == [m.id for m in ms]
 
 
 def test_every_exercise_has_mutants_that_compile_and_notebooks_that_differ_in_one_cell():
