@@ -36,16 +36,22 @@ SWITCH_SECONDS = 0.0002
 
 
 class Ready:
-    """One check's work: its generator, and its value once done."""
+    """One check's work: its generator, and its value once done. Made here, `setup` runs at once (an
+    exception in it is raised by `value`, as the work's is); the work is done by whoever asks first:
+    the thread (`Ahead`), or `value` (a check run on its own, a replay)."""
 
-    def __init__(self, seed: int):
+    def __init__(self, check, reference, seed: int):
         self.rng = torch.Generator().manual_seed(seed)
-        self._work = None
         self._lock = threading.Lock()
         self._done = threading.Event()
         self._started = False
         self._value = None
         self._error: BaseException | None = None
+        try:
+            self._work = check.prepare(reference)
+        except BaseException as exc:  # noqa: BLE001 - raised in the check (`value`)
+            self._work, self._error, self._started = None, exc, True
+            self._done.set()
 
     def _run(self) -> None:
         try:
@@ -74,14 +80,6 @@ class Ready:
         return self._value
 
 
-def prepare_now(check, reference, seed: int) -> Ready:
-    """`check`'s work done here and now (no thread): a replay, a check run on its own."""
-    ready = Ready(seed)
-    ready._work = check.prepare(reference)
-    ready.value()
-    return ready
-
-
 class Ahead:
     """The work of `checks` (with their seeds), done in a thread in their order: ``with Ahead(...) as
     ahead:`` starts it; ``ahead.get(name)`` gives a check's `Ready` (None for a check without work);
@@ -90,15 +88,7 @@ class Ahead:
     nothing left to do when grading ends but where it was interrupted.)"""
 
     def __init__(self, reference, checks):
-        self._items: dict[str, Ready] = {}
-        for check, seed in checks:
-            ready = Ready(seed)
-            try:
-                ready._work = check.prepare(reference)
-            except BaseException as exc:  # noqa: BLE001 - the check raises it (`Ready.value`)
-                ready._error, ready._started = exc, True
-                ready._done.set()
-            self._items[check.name] = ready
+        self._items = {check.name: Ready(check, reference, seed) for check, seed in checks}
         self._stop = threading.Event()
         self._thread = None
         self._interval = None
@@ -129,4 +119,4 @@ class Ahead:
         return self._items.get(name)
 
 
-__all__ = ["Ahead", "Ready", "prepare_now", "SWITCH_SECONDS"]
+__all__ = ["Ahead", "Ready", "SWITCH_SECONDS"]

@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .ahead import Ahead, Ready, prepare_now
+from .ahead import Ahead, Ready
 from .assignments import Assignment
 from .device_check import plain_checks_without_symbolic_shapes
 from .hidden.support import Hint, Points
@@ -389,7 +389,7 @@ class Grader:
         """Run one check against `sub` under the check's seed `s` (in both processes). A check marked
         @prepared gets its work's value, from `ready` (done ahead, `autograder.ahead`) or done here."""
         if check.prepare is not None and ready is None:
-            ready = prepare_now(check, self.reference, s)
+            ready = Ready(check, self.reference, s)  # its work done here, by `value`
         prepared = ready.value() if ready is not None else None
         torch.manual_seed(s)
         np.random.seed(s % 2**32)
