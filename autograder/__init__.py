@@ -1,8 +1,8 @@
 """The course's grader: generates learner notebooks from masters and grades submissions.
 
-Learner code never runs in the process that decides a score: see `autograder.runner`
-(the trusted side) and `autograder.worker` (the child process that runs learner code).
-`check()` checks an exercise from a cell of its notebook (`autograder.in_notebook`, which
+Learner code never runs in the process that decides a score: see `autograder.isolation.runner`
+(the trusted side) and `autograder.isolation.worker` (the child process that runs learner code).
+`check()` checks an exercise from a cell of its notebook (`autograder.learner.in_notebook`, which
 grades in a process of its own); importing this package imports neither torch nor IPython.
 """
 
@@ -26,7 +26,7 @@ def _skip_iri_grammars() -> None:
 
 _skip_iri_grammars()
 
-from .assignments import Assignment, all_assignments, get_assignment  # noqa: E402
+from .core.assignments import Assignment, all_assignments, get_assignment  # noqa: E402
 
 
 def check(part=None, *, assignment: str | None = None, seed: int | None = None) -> None:
@@ -38,7 +38,7 @@ def check(part=None, *, assignment: str | None = None, seed: int | None = None) 
     frame = sys._getframe(1)
     if frame.f_globals.get("__name__") == "__learner__":
         return None  # a grading worker loading a notebook that calls check(): nothing to do
-    from .in_notebook import check as run
+    from .learner.in_notebook import check as run
 
     return run(part, assignment=assignment, seed=seed, _frame=frame)
 

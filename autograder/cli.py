@@ -13,13 +13,13 @@ import atexit
 import os
 import sys
 
-from .text import visible
-from .usage import EXIT_USAGE, UsageError, known_assignment, require_checkout, require_modules
+from .core.text import visible
+from .core.usage import EXIT_USAGE, UsageError, known_assignment, require_checkout, require_modules
 
 
 def _cmd_generate(args) -> int:
     require_checkout("generate")
-    from .generate import MasterError, generate
+    from .authoring.generate import MasterError, generate
 
     assignments = [known_assignment(k) for k in args.assignment] if args.assignment else None
     try:
@@ -52,46 +52,46 @@ def _cmd_grade(args) -> int:
 
 def _cmd_export(args) -> int:
     require_modules("export", "instructor", ("nbgrader",))
-    from .export import export_command
+    from .course.export import export_command
 
     return export_command(args)
 
 
 def _cmd_release(args) -> int:
-    from .release import release_command
+    from .course.release import release_command
 
     return release_command(args)
 
 
 def _cmd_similarity(args) -> int:
-    from .similarity import similarity_command
+    from .course.similarity import similarity_command
 
     return similarity_command(args)
 
 
 def _cmd_gradescope(args) -> int:
-    from .gradescope import gradescope_command
+    from .course.gradescope import gradescope_command
 
     return gradescope_command(args)
 
 
 def _cmd_mutants(args) -> int:
     require_checkout("mutants")
-    from .mutants import mutants_command
+    from .quality.mutants import mutants_command
 
     return mutants_command(args)
 
 
 def _cmd_seeds(args) -> int:
     require_checkout("seeds")
-    from .seeds import seeds_command
+    from .quality.seeds import seeds_command
 
     return seeds_command(args)
 
 
 def _cmd_new(args) -> int:
     require_checkout("new")
-    from .scaffold import new_command
+    from .authoring.scaffold import new_command
 
     return new_command(args)
 
@@ -275,7 +275,7 @@ def run(args) -> int:
         print(f"error: {visible(str(exc), keep=chr(10))}", file=sys.stderr)
         return EXIT_USAGE
     except ModuleNotFoundError as exc:
-        from .learner_errors import STACK, stack_problem
+        from .core.learner_errors import STACK, stack_problem
 
         problem = str(exc.name or "").partition(".")[0] in STACK and stack_problem(try_import=False)
         if not problem:

@@ -21,11 +21,11 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
-from .assignments import all_assignments
-from .learner_errors import stack_problem
-from .logs import SafeFormatter
-from .text import json_for_stdout, safe, visible
-from .usage import UsageError, course_grader, known_assignment
+from .core.assignments import all_assignments
+from .core.learner_errors import stack_problem
+from .core.logs import SafeFormatter
+from .core.text import json_for_stdout, safe, visible
+from .core.usage import UsageError, known_assignment
 
 EXIT_OK, EXIT_NOT_GRADED, EXIT_GRADER_ERROR = 0, 1, 3
 SANDBOX_NOTE = ("The self-check runs your notebook's code on this machine, as you, without a sandbox; "
@@ -35,7 +35,7 @@ SANDBOX_NOTE = ("The self-check runs your notebook's code on this machine, as yo
 def _infer_assignment(path: Path, given: str | None, stem: str) -> str | None:
     if given:
         return given
-    from .notebook import NotebookError, read_notebook
+    from .core.notebook import NotebookError, read_notebook
 
     try:
         nb = read_notebook(path)
@@ -103,7 +103,7 @@ def _check(args) -> int:
     assignment = known_assignment(key)  # before any worker starts
     parts = None
     if getattr(args, "part", None) is not None:  # `--part "part 3"`: its checks only, with their points
-        from .in_notebook import CheckRefused, exercise, resolve_part
+        from .learner.history import CheckRefused, exercise, resolve_part
 
         try:
             parts = resolve_part(exercise(assignment), args.part, example='--part "part 1"')
@@ -114,14 +114,14 @@ def _check(args) -> int:
     logging.basicConfig(level=logging.WARNING, handlers=[handler])
     sandbox = None
     if args.sandbox:
-        from .sandbox import Sandbox, SandboxUnavailable
+        from .isolation.sandbox import Sandbox, SandboxUnavailable
 
         try:
             sandbox = Sandbox(forbidden=[path.resolve().parent])
         except SandboxUnavailable as exc:
             raise UsageError(str(exc)) from None
     with _stack_imports():
-        from .runner import Submission
+        from .isolation.runner import Submission
 
     # self_check: a check that cannot measure what it grades (a memory peak) shows no points for
     # it, since grading may measure it; so a check never shows more than `grade` gives
@@ -136,8 +136,8 @@ def _check(args) -> int:
             except SandboxUnavailable as exc:
                 raise UsageError(str(exc)) from None
         with _stack_imports():
-            from .feedback import bounded, format_text
-            from .grader import GRADED, GRADER_ERROR
+            from .grading.feedback import bounded, format_text
+            from .grading.grader import GRADED, GRADER_ERROR, course_grader
 
         grader = course_grader(key, sandbox=sandbox)
     except BaseException:
@@ -152,7 +152,7 @@ def _check(args) -> int:
         print(json_for_stdout(dict(bounded(result, grader.limits).to_dict(), sandboxed=sandbox is not None)))
     else:
         print(SANDBOX_NOTE if sandbox is None else "The self-check ran your notebook's code in a sandbox.")
-        from .in_notebook import exercise
+        from .learner.history import exercise
 
         print(format_text(result, limits=grader.limits, part_titles=exercise(assignment).titles))
     if result.status == GRADER_ERROR:
@@ -163,7 +163,7 @@ def _check(args) -> int:
 # --- grade ------------------------------------------------------------------------------
 
 def grade_command(args) -> int:
-    from .grading_run import GradingRun, to_stderr
+    from .batch.grading_run import GradingRun, to_stderr
 
     run = GradingRun(args.assignment, args.submissions, args.out, gradebook=args.gradebook, force=args.force,
                      timeout=args.timeout, seed=args.seed, sandbox=not args.no_sandbox,

@@ -55,7 +55,7 @@ def main(argv):
     totals = [0, 0, 0, 0]
     print(f"{'master':<16}{'front':>6}{'meta':>6}{'instr':>6}{'boiler':>8}{'lines':>7}")
     if not argv:
-        from autograder.assignments import all_assignments
+        from autograder.core.assignments import all_assignments
 
         argv = [a.key for a in all_assignments()]
     for key in argv:

@@ -10,7 +10,7 @@ interleaved so that a busy machine slows all of them alike:
 * ``python -c "import torch"``: the floor, what any check that uses torch pays at least;
 * ``python -m autograder check NOTEBOOK``: a fresh process, as a learner runs it (no sandbox);
 * ``python -m autograder check --sandbox NOTEBOOK``: the same checks under bubblewrap;
-* ``check()`` from a cell (`autograder.in_notebook`), timed in this process as in a kernel that
+* ``check()`` from a cell (`autograder.learner.in_notebook`), timed in this process as in a kernel that
   has run the notebook's code cells top to bottom (their sources are its input history): what a
   learner waits for after running the check's cell.
 
@@ -72,7 +72,7 @@ def run_check(notebook: Path, env: dict, sandbox: bool) -> float:
 
 def run_in_cell(notebook: Path) -> float:
     """check() from a cell, in this process (the kernel), on the history of a top-to-bottom run."""
-    from autograder.in_notebook import grade_plan, plan_check
+    from autograder.learner.in_notebook import grade_plan, plan_check
 
     cells = [c for c in json.loads(notebook.read_text(encoding="utf-8"))["cells"] if c["cell_type"] == "code"]
     entries = [(n, "".join(c["source"])) for n, c in enumerate(cells, start=1)]
@@ -87,7 +87,7 @@ def run_in_cell(notebook: Path) -> float:
 
 def sandbox_problem() -> str:
     """Why `check --sandbox` cannot run here ('' when it can)."""
-    from autograder.sandbox import SandboxUnavailable, detect
+    from autograder.isolation.sandbox import SandboxUnavailable, detect
 
     try:
         detect()
@@ -97,7 +97,7 @@ def sandbox_problem() -> str:
 
 
 def main() -> int:
-    from autograder.assignments import all_assignments
+    from autograder.core.assignments import all_assignments
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--n", type=int, default=5, help="runs of each command per exercise (default 5)")

@@ -33,8 +33,8 @@ def main() -> int:
     sys.path[:0] = [str(root / "tests"), str(root)]
     os.chdir(root)
     import conftest
-    from autograder.assignments import get_assignment
-    from autograder.grader import Grader
+    from autograder.core.assignments import get_assignment
+    from autograder.grading.grader import Grader
 
     with tempfile.TemporaryDirectory() as folder:
         notebook = conftest.write(conftest.reference_notebook(args.key), Path(folder) / f"{args.key}.ipynb")

@@ -35,8 +35,8 @@ def prepare(out: Path) -> None:
     from conftest import chapter_batch
     from chapters import tables
 
-    from autograder.assignments import get_assignment
-    from autograder.grader import Grader
+    from autograder.core.assignments import get_assignment
+    from autograder.grading.grader import Grader
 
     manifest = {}
     for key, table in tables().items():
@@ -60,15 +60,15 @@ def _grade_chapter(args) -> dict:
     sys.path.insert(0, str(ROOT))
     import torch
 
-    from autograder.assignments import get_assignment
-    from autograder.grader import Grader
+    from autograder.core.assignments import get_assignment
+    from autograder.grading.grader import Grader
 
     sandbox = None
     info = {"key": key, "cuda": torch.cuda.is_available(),
             "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
             "torch": torch.__version__, "sandboxed": sandboxed, "rows": []}
     if sandboxed:
-        from autograder.sandbox import SandboxUnavailable, detect
+        from autograder.isolation.sandbox import SandboxUnavailable, detect
 
         try:
             sandbox = detect(forbidden=[folder])

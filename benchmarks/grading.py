@@ -114,8 +114,8 @@ def ours(key: str, subs: Path, out: Path, jobs: int, warm: bool, expected: dict)
 
 
 def main(argv=None) -> int:
-    from autograder.assignments import get_assignment
-    from autograder.cohort import default_jobs
+    from autograder.batch.cohort import default_jobs
+    from autograder.core.assignments import get_assignment
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--n", type=int, default=6, help="copies of each notebook (2N notebooks; default 6)")
@@ -126,8 +126,8 @@ def main(argv=None) -> int:
     p.add_argument("--json", action="store_true", help="print the measurements as JSON")
     args = p.parse_args(argv)
     key, count, cpus = args.assignment, 2 * args.n, args.jobs
-    from autograder.grader import part_points
-    from autograder.notebook import read_notebook, reference_cells
+    from autograder.core.notebook import read_notebook, reference_cells
+    from autograder.grading.grader import part_points
 
     max_score = sum(part_points(reference_cells(read_notebook(get_assignment(key).notebook))).values())
     with tempfile.TemporaryDirectory(prefix="grading-bench-") as tmp:

@@ -27,11 +27,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from autograder.assignments import get_assignment  # noqa: E402
-from autograder.generate import read_master  # noqa: E402
-from autograder.limits import DEFAULT  # noqa: E402
-from autograder.similarity import parse_notebook, similarity_report  # noqa: E402
-from autograder.submissions import find_submissions, read_claim  # noqa: E402
+from autograder.core.assignments import get_assignment  # noqa: E402
+from autograder.authoring.generate import read_master  # noqa: E402
+from autograder.core.limits import DEFAULT  # noqa: E402
+from autograder.course.similarity import parse_notebook, similarity_report  # noqa: E402
+from autograder.course.submissions import find_submissions, read_claim  # noqa: E402
 
 WORDS = ["tmp", "val", "res", "out", "acc", "buf", "mat", "vec", "aux", "item"]
 

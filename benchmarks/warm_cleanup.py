@@ -61,10 +61,12 @@ def main() -> int:
     ap.add_argument("--assignment", default="03_qkv")
     args = ap.parse_args()
 
-    from autograder.assignments import get_assignment
-    from autograder.grader import Grader
-    from autograder.runner import GradingError, Learner, Submission
-    from autograder.sandbox import detect
+    from autograder.core.assignments import get_assignment
+    from autograder.grading.grader import Grader
+    from autograder.isolation.errors import GradingError
+    from autograder.isolation.remote import Learner
+    from autograder.isolation.runner import Submission
+    from autograder.isolation.sandbox import detect
     from conftest import add_cell, reference_notebook, write
 
     sandbox = detect()

@@ -12,7 +12,7 @@ from pathlib import Path
 # `make test` runs the suite on two xdist workers (pytest -n 2). Each worker's sandboxes take
 # uids of their own range, so that a test that looks for processes left behind by its own
 # grading run (tests/attacks) never sees the other worker's sandboxes. Set before the grader
-# is imported: autograder.uids reads it once.
+# is imported: autograder.isolation.uids reads it once.
 _WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
 if _WORKER.startswith("gw") and _WORKER[2:].isdigit() and "AUTOGRADER_SANDBOX_UID" not in os.environ:
     os.environ["AUTOGRADER_SANDBOX_UID"] = str(64123 + 1024 * int(_WORKER[2:]))
@@ -21,8 +21,8 @@ import autograder  # noqa: F401 - first: it keeps nbformat's import cheap (autog
 import nbformat
 import pytest
 
-from autograder.assignments import ROOT, get_assignment
-from autograder.generate import read_master
+from autograder.authoring.generate import read_master
+from autograder.core.assignments import ROOT, get_assignment
 
 
 def reference_notebook(key: str) -> nbformat.NotebookNode:

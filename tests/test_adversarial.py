@@ -16,7 +16,7 @@ import pytest
 
 from attacks import KEY, TIMEOUT
 from attacks.cheats_and_escapes import CANARY_TEXT, FULL, HIDDEN_TEXT, MARKER, OTHER_TEXT, SOLUTION_TEXT, sha
-from autograder.assignments import get_assignment
+from autograder.core.assignments import get_assignment
 
 def _feedback(batch, name) -> str:
     return (batch["out"] / "feedback" / name / KEY / f"{KEY}.html").read_text(encoding="utf-8")
@@ -46,7 +46,7 @@ def _hints(r) -> str:
 # --- every submission has its outcome; nothing leaks, nothing is left behind -----------------
 
 def test_every_submission_has_a_gradebook_row_or_a_reason(batch):
-    from autograder.text import student_id_problem
+    from autograder.core.text import student_id_problem
 
     names = set(batch["by"])
     students = {r[0] for r in batch["con"].execute("SELECT id FROM student")}
@@ -100,8 +100,8 @@ def test_honest_stub_gets_nothing(batch):
 
 def test_batch_neighbours_grade_as_when_graded_alone(batch, tmp_path):
     """The honest notebooks' scores in the hostile batch equal a grading of each alone."""
-    from autograder.grader import Grader
-    from autograder.sandbox import detect
+    from autograder.grading.grader import Grader
+    from autograder.isolation.sandbox import detect
 
     grader = Grader(get_assignment(KEY), sandbox=detect())
     for name in ("honest_reference", "honest_stub"):

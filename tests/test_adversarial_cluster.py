@@ -25,10 +25,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from autograder.assignments import ROOT
-from autograder.cohort import OnDask
-from autograder.runtime import runtime_dir
-from autograder.sandbox import SandboxUnavailable
+from autograder.batch.cohort import OnDask
+from autograder.core.assignments import ROOT
+from autograder.isolation.runtime import runtime_dir
+from autograder.isolation.sandbox import SandboxUnavailable
 from conftest import reference_notebook, run_cli, write
 
 KEY = "03_qkv"
@@ -195,7 +195,7 @@ PLANTS = {  # what another user can put where the grader's state might go: shell
     "symlink": 'ln -s / "$P"',
 }
 
-HOLD_SLOT = ("from autograder.uids import uid_slot; print(*uid_slot(1024), flush=True); "
+HOLD_SLOT = ("from autograder.isolation.uids import uid_slot; print(*uid_slot(1024), flush=True); "
              "__import__('sys').stdin.read()")
 
 

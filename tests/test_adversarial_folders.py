@@ -15,8 +15,8 @@ import pytest
 
 from attacks import KEY, TIMEOUT
 from attacks.folders import FLAGGED, GRADED_AS_ITSELF, NOT_GRADED, REJECTED
-from autograder.limits import DEFAULT
-from autograder.text import STUDENT_ID, safe
+from autograder.core.limits import DEFAULT
+from autograder.core.text import STUDENT_ID, safe
 from conftest import run_cli
 
 

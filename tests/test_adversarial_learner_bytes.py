@@ -37,7 +37,7 @@ def test_a_timestamp_at_the_edge_of_the_calendar_is_refused_with_a_flag(batch, n
     # what nbgrader's own tools read beside the feedback page is a time they can read: the file time
     from nbgrader.utils import parse_utc
 
-    from autograder.deadlines import parse_timestamp
+    from autograder.course.deadlines import parse_timestamp
 
     stamp = (batch["out"] / "feedback" / name / KEY / "timestamp.txt").read_text(encoding="utf-8")
     assert STAMPED[name][0] not in stamp and parse_timestamp(stamp) == parse_utc(stamp).replace(

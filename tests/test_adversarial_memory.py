@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import pytest
 
-from autograder import memory_meters, runner
-from autograder.assignments import get_assignment
-from autograder.grader import Grader
+from autograder.core.assignments import get_assignment
+from autograder.grading.grader import Grader
 from autograder.hidden import test_07_efficient_attention as T
-from autograder.cgroups import CGROUP_ENV
-from autograder.sandbox import SandboxUnavailable, detect
+from autograder.isolation import memory_meters, remote
+from autograder.isolation.cgroups import CGROUP_ENV
+from autograder.isolation.sandbox import SandboxUnavailable, detect
 from conftest import add_cell, reference_notebook, write
 
 KEY = "07_efficient_attention"
@@ -206,13 +206,13 @@ def _grader(sandbox, warm=False) -> Grader:
 def _grade(grader, path, monkeypatch):
     """The memory check's result and the measurement it judged."""
     seen = []
-    real = runner.Learner.memory_peak
+    real = remote.Learner.memory_peak
 
     def spy(self, *args, **kwargs):
         seen.append(real(self, *args, **kwargs))
         return seen[-1]
 
-    monkeypatch.setattr(runner.Learner, "memory_peak", spy)
+    monkeypatch.setattr(remote.Learner, "memory_peak", spy)
     result = grader.grade(path, seed=SEED)
     monkeypatch.undo()
     assert result.status == "graded", result.error

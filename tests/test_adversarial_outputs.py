@@ -1,7 +1,7 @@
 """What a learner can put into the instructor's outputs: every attack of tests/attacks/outputs.py,
 graded in the one adversarial batch (the session fixture `batch` in conftest.py).
 
-Floods stay within the documented sizes (`autograder/limits.py`: notes, note_chars, hint_chars,
+Floods stay within the documented sizes (`autograder/core/limits.py`: notes, note_chars, hint_chars,
 error_chars, rejected_shown, flags, result_bytes); no control character reaches the terminal, the
 log or the JSON; no CSV cell starts a formula; no learner markup reaches a feedback page unescaped.
 """
@@ -16,8 +16,8 @@ import pytest
 
 from attacks import KEY
 from attacks.outputs import BAD_BYTES, BAD_NAMES, FLOODED, SPAM_FILES
-from autograder.limits import DEFAULT
-from autograder.text import FORMULA_START, safe
+from autograder.core.limits import DEFAULT
+from autograder.core.text import FORMULA_START, safe
 
 BIDI = set("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
 

@@ -28,13 +28,13 @@ import pytest
 import torch
 
 from attacks import values as V
-from autograder import protocol as P
-from autograder.assignments import all_assignments, get_assignment
-from autograder.grader import GRADER_ERROR, Grader, HiddenCheck
+from autograder.core.assignments import all_assignments, get_assignment
+from autograder.core.notebook import code_cells, read_notebook
+from autograder.grading.grader import GRADER_ERROR, Grader, HiddenCheck
 from autograder.hidden import support
-from autograder.notebook import code_cells, read_notebook
-from autograder.runner import Submission, _sent
-from autograder.sandbox import SandboxUnavailable, detect
+from autograder.isolation import protocol as P
+from autograder.isolation.runner import Submission, sent_devices
+from autograder.isolation.sandbox import SandboxUnavailable, detect
 from conftest import add_cell, reference_notebook, write
 
 CHAPTERS = [a.key for a in all_assignments()]
@@ -43,7 +43,7 @@ CHAPTERS = [a.key for a in all_assignments()]
 # --- an in-process worker: the real worker's code, the reference's notebook, replies replaced ------
 
 def _load_worker():
-    """autograder/worker.py as its own module (it imports its protocol as the top-level `protocol`)."""
+    """autograder/isolation/worker.py as its own module (it imports its protocol as the top-level `protocol`)."""
     path = os.path.join(os.path.dirname(P.__file__), "worker.py")
     saved = list(sys.path)
     spec = importlib.util.spec_from_file_location("_values_worker", path)
@@ -382,10 +382,10 @@ def test_the_worker_encoder_names_tensors_that_carry_no_data():
 
 def test_a_reply_may_hold_tensors_only_on_devices_its_request_sent():
     with Submission([], seed=0) as sub:
-        assert _sent(sub, {"name": "f"}, (torch.ones(2),), {}) == {"cpu"}
-        assert _sent(sub, {"name": "f"}, (), {"device": "cuda"}) == {"cpu", "cuda:0"}  # a device asked for by name
-        assert _sent(sub, {"name": "f"}, (), {}) == {"cpu"}
-        assert _sent(sub, {"handle": 1}, (), {}) == {"cpu", "cuda:0"}  # a module the check moved there
-        assert _sent(sub, {"name": "f"}, (), {}, device_check=True) == {"cpu", "meta"}
-        assert _sent(sub, {"name": "f"}, (torch.empty(2, device="meta"),), {}) == {"cpu", "meta"}
-        assert "meta" not in _sent(sub, {"handle": 1}, (), {})  # meta only where this request asked for it
+        assert sent_devices(sub, {"name": "f"}, (torch.ones(2),), {}) == {"cpu"}
+        assert sent_devices(sub, {"name": "f"}, (), {"device": "cuda"}) == {"cpu", "cuda:0"}  # a device asked for by name
+        assert sent_devices(sub, {"name": "f"}, (), {}) == {"cpu"}
+        assert sent_devices(sub, {"handle": 1}, (), {}) == {"cpu", "cuda:0"}  # a module the check moved there
+        assert sent_devices(sub, {"name": "f"}, (), {}, device_check=True) == {"cpu", "meta"}
+        assert sent_devices(sub, {"name": "f"}, (torch.empty(2, device="meta"),), {}) == {"cpu", "meta"}
+        assert "meta" not in sent_devices(sub, {"handle": 1}, (), {})  # meta only where this request asked for it

@@ -82,7 +82,7 @@ def test_the_jobs_of_a_local_cluster_start_isolated_from_the_graders_environment
     """`grade --jobs N` spawns its jobs through multiprocessing, which would give them the grading
     process's whole environment: do they start with `-I` and nothing planted, and is the grading process's
     environment as it was once the cluster is closed?"""
-    from autograder.dask_cluster import LocalGrading
+    from autograder.batch.dask_cluster import LocalGrading
 
     def started():  # run in the job; defined here, so that it travels by value (no test module imported there)
         import sys

@@ -1,4 +1,4 @@
-"""Work done ahead (`autograder.ahead`, `support.prepared`): a check gets what it would have
+"""Work done ahead (`autograder.grading.ahead`, `support.prepared`): a check gets what it would have
 computed itself, a failing work is ours, and the thread is gone when grading ends."""
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 import torch
 
-import autograder.grader as grader_module
-from autograder.assignments import get_assignment
-from autograder.grader import GRADER_ERROR, Grader, GraderConfigError, HiddenCheck, check_seed, load_hidden_checks
+import autograder.grading.grader as grader_module
+from autograder.core.assignments import get_assignment
+from autograder.grading.grader import (GRADER_ERROR, Grader, GraderConfigError, HiddenCheck, check_seed,
+                                       load_hidden_checks)
 from autograder.hidden import support
 from conftest import reference_notebook, write
 

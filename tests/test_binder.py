@@ -31,7 +31,7 @@ NOT_ON_THE_CHECK_PATH = {"cohort.py", "dask_cluster.py", "gradebook.py", "gradin
                          "scaffold.py", "mutants.py", "seeds.py",
                          # the instructor's commands: nbgrader's course folder, exports, releases, similarity
                          "nbgrader_course.py", "export.py", "release.py", "learners_release.py", "lms.py",
-                         "similarity.py"}
+                         "similarity.py", "fingerprints.py", "release_search.py"}
 
 
 def pins(path):

@@ -14,8 +14,8 @@ import html
 import pytest
 from nbgrader.api import Gradebook
 
-from autograder.assignments import get_assignment
-from autograder.grader import Grader
+from autograder.core.assignments import get_assignment
+from autograder.grading.grader import Grader
 from chapters import tables
 
 TABLES = tables()
@@ -39,7 +39,7 @@ def chapter(request, graded_chapter):
 
 def test_every_chapter_has_a_table():
     """Does every published exercise have a harness table with at least four typical mistakes?"""
-    from autograder.assignments import all_assignments
+    from autograder.core.assignments import all_assignments
 
     assert sorted(a.key for a in all_assignments()) == KEYS
     for key, table in TABLES.items():

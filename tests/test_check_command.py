@@ -15,7 +15,7 @@ import textwrap
 import nbformat
 import pytest
 
-from autograder.assignments import ROOT, get_assignment
+from autograder.core.assignments import ROOT, get_assignment
 from conftest import reference_notebook, write
 
 KEY = "03_qkv"
@@ -23,7 +23,7 @@ KEY = "03_qkv"
 
 SPY = textwrap.dedent("""
     import json, sys
-    import autograder.runner as R
+    import autograder.isolation.runner as R
     seen = {}
     start = R.Submission.start_early
     def start_early(self):
@@ -33,7 +33,7 @@ SPY = textwrap.dedent("""
     R.Submission.start_early = start_early
     from autograder.cli import main
     code = main(["check", "--json", sys.argv[1]])
-    heavy = ("nbgrader", "nbformat", "jsonschema", "sqlalchemy", "dask", "distributed", "autograder.gradebook")
+    heavy = ("nbgrader", "nbformat", "jsonschema", "sqlalchemy", "dask", "distributed", "autograder.course.gradebook")
     seen["imported"] = sorted(m for m in heavy if m in sys.modules)
     print("SPY" + json.dumps(dict(seen, code=code)), file=sys.stderr)
 """)
@@ -53,8 +53,8 @@ def test_check_starts_the_worker_first_and_imports_nothing_grade_needs(tmp_path)
 
 def test_an_early_worker_ends_with_a_rejected_notebook(tmp_path):
     """A notebook refused by the audit never has its code loaded, and its early worker is ended."""
-    from autograder.grader import ERROR, Grader
-    from autograder.runner import Submission
+    from autograder.grading.grader import ERROR, Grader
+    from autograder.isolation.runner import Submission
 
     nb = reference_notebook(KEY)
     forged = nbformat.v4.new_code_cell("x = 1")
@@ -71,8 +71,9 @@ def test_an_early_worker_ends_with_a_rejected_notebook(tmp_path):
 
 
 def test_configure_is_refused_after_the_code_is_loaded():
-    from autograder.limits import DEFAULT
-    from autograder.runner import Learner, Submission
+    from autograder.core.limits import DEFAULT
+    from autograder.isolation.remote import Learner
+    from autograder.isolation.runner import Submission
 
     with Submission([{"label": "a", "source": "def f():\n    return 2\n"}]) as sub:
         assert Learner(sub).f() == 2
@@ -81,7 +82,7 @@ def test_configure_is_refused_after_the_code_is_loaded():
 
 
 def _sandbox_problem() -> str:
-    from autograder.sandbox import SandboxUnavailable, detect
+    from autograder.isolation.sandbox import SandboxUnavailable, detect
 
     try:
         detect()
@@ -114,7 +115,7 @@ CHECK_CELLS = [CHECK_CELL, "from autograder import check\ncheck('part 3')", "imp
                "%run -m autograder check\n!python -m autograder check mine.ipynb"]
 # Anything else of the package is the learner's code (not the course's check), and its error is said.
 OTHER_USES = {"from autograder import grade": "ImportError: cannot import name 'grade' from 'autograder'",
-              "import autograder.in_notebook": "ModuleNotFoundError: No module named 'autograder.in_notebook'",
+              "import autograder.learner.in_notebook": "ModuleNotFoundError: No module named 'autograder.learner'",
               "r3 = check('part 1', '03_qkv')": "TypeError: "}
 
 
@@ -125,8 +126,7 @@ def test_the_check_cell_runs_without_an_error_in_a_worker(monkeypatch):
     import inspect
 
     import autograder
-    from autograder import worker
-
+    from autograder.isolation import worker
     def params(fn):
         return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]
 
@@ -146,8 +146,8 @@ def test_the_check_cell_runs_without_an_error_in_a_worker(monkeypatch):
 
 FAILING_PROBE = textwrap.dedent("""
     import os, sys
-    import autograder.runner as R
-    import autograder.sandbox as S
+    import autograder.isolation.runner as R
+    import autograder.isolation.sandbox as S
     workers = []
     start = R.Submission.start_early
     def start_early(self):

@@ -25,13 +25,13 @@ import os
 import pytest
 import torch
 
-from autograder import runner
-from autograder.assignments import get_assignment
-from autograder.grader import Grader
+from autograder.core.assignments import get_assignment
+from autograder.grading.grader import Grader
 from autograder.hidden import test_07_efficient_attention as T07
 from autograder.hidden.support import Hint
-from autograder.cgroups import CGROUP_ENV
-from autograder.sandbox import SandboxUnavailable, detect
+from autograder.isolation import remote, runner
+from autograder.isolation.cgroups import CGROUP_ENV
+from autograder.isolation.sandbox import SandboxUnavailable, detect
 from chapters import tables
 from conftest import add_cell, chapter_batch, run_cli, write
 
@@ -144,9 +144,9 @@ class _Unmeasured:
         self.reference, self.self_check = reference, self_check
 
     def memory_peak(self, name, q, k, v, **kwargs):
-        return runner.MemoryUse(self.reference.tiled_attention(q, k, v, **kwargs), None, None, None, self.self_check)
+        return remote.MemoryUse(self.reference.tiled_attention(q, k, v, **kwargs), None, None, None, self.self_check)
 
-    meanwhile = runner.Learner.meanwhile  # (needs only a `_sub` to hold the work: self)
+    meanwhile = remote.Learner.meanwhile  # (needs only a `_sub` to hold the work: self)
 
     @property
     def _sub(self):

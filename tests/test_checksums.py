@@ -14,8 +14,8 @@ import nbformat
 import pytest
 from nbgrader.utils import compute_checksum
 
-from autograder.assignments import all_assignments, get_assignment
-from autograder.notebook import audit_cells, cell_checksum, read_notebook, reference_cells
+from autograder.core.assignments import all_assignments, get_assignment
+from autograder.core.notebook import audit_cells, cell_checksum, read_notebook, reference_cells
 from conftest import reference_notebook, write
 
 KEY = "03_qkv"

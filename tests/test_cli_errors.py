@@ -97,7 +97,7 @@ def test_the_command_line_itself(tmp_path):
 def test_an_unknown_assignment_named_by_a_notebook_is_shown_cut(tmp_path):
     """Is an exercise key taken from a learner's notebook (its course metadata, here a megabyte long) shown
     escaped and cut in the one-line error, not echoed whole?"""
-    from autograder.usage import UsageError, known_assignment
+    from autograder.core.usage import UsageError, known_assignment
 
     with pytest.raises(UsageError) as info:
         known_assignment("x\x1b[2J" * 200_000)

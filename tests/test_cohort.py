@@ -16,10 +16,10 @@ import time
 import nbformat
 import pytest
 
-from autograder.assignments import ROOT
-from autograder.cohort import task_resources
-from autograder.uids import uid_slot
-from autograder.sandbox import SandboxUnavailable
+from autograder.batch.cohort import task_resources
+from autograder.core.assignments import ROOT
+from autograder.isolation.sandbox import SandboxUnavailable
+from autograder.isolation.uids import uid_slot
 from chapters.ch03_qkv import NO_SCALE
 from conftest import learner_notebook, mistake, reference_notebook, run_cli, write
 
@@ -140,7 +140,7 @@ def test_gpu_workers_are_asked_for_only_where_the_cluster_has_them(uses_cuda, wo
     assert task_resources(uses_cuda, workers) == wanted
 
 
-HOLD_SLOT = "import sys; from autograder.uids import uid_slot; print(*uid_slot(1024, folder=sys.argv[1]), flush=True); sys.stdin.read()"
+HOLD_SLOT = "import sys; from autograder.isolation.uids import uid_slot; print(*uid_slot(1024, folder=sys.argv[1]), flush=True); sys.stdin.read()"
 
 
 def test_grading_processes_get_disjoint_sandbox_uids(tmp_path):

@@ -11,8 +11,8 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from conftest import run_cli
-from autograder.course_config import ConfigError, LatePolicy, load_config
-from autograder.usage import UsageError
+from autograder.core.usage import UsageError
+from autograder.course.course_config import ConfigError, LatePolicy, load_config
 
 
 def docs_example() -> str:

@@ -10,9 +10,9 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from autograder.course_config import AssignmentSettings, LatePolicy
-from autograder.deadlines import (FROM_FILE_TIME, FROM_TIMESTAMP, assess, duration, late_for, parse_timestamp,
-                                  submission_time)
+from autograder.course.course_config import AssignmentSettings, LatePolicy
+from autograder.course.deadlines import (FROM_FILE_TIME, FROM_TIMESTAMP, assess, duration, late_for, parse_timestamp,
+                                         submission_time)
 
 UTC = dt.timezone.utc
 NOW = dt.datetime(2026, 12, 20, 12, 0, tzinfo=UTC)
@@ -208,7 +208,7 @@ def test_daylight_saving_time_edge():
 
 def test_late_for_reads_a_saved_result():
     """Does `export` get the same lateness from a result file as `grade` did, under a moved due date too?"""
-    from autograder.course_config import CourseConfig
+    from autograder.course.course_config import CourseConfig
 
     config = CourseConfig(assignments={"03_qkv": settings()})
     saved = {"score": 20, "max_score": 26, "submitted_at": "2026-12-11T23:00:00Z", "submitted_from": "timestamp.txt"}
@@ -303,8 +303,8 @@ def test_what_nbgrader_reads_beside_the_feedback_is_the_time_the_grader_used(tmp
     where nbgrader would read it otherwise (it drops a zone name such as CEST), none where it was refused?"""
     from nbgrader.utils import parse_utc
 
-    from autograder.nbgrader_course import timestamp_bytes
-    from autograder.submissions import Claim
+    from autograder.course.nbgrader_course import timestamp_bytes
+    from autograder.course.submissions import Claim
 
     for stamp, kept in ((b"2026-12-01 10:00:00.000000 UTC", True), (b"2026-12-01 10:00:00 CEST", False),
                         (b"2026-12-01 10:00:00 Europe/Berlin", True), (b"9999-12-31 23:59:59-05:00", None),

@@ -1,6 +1,6 @@
 """The device check that stands in for a GPU on a CPU-only grader, and the gradients the checks compare.
 
-The device check (`autograder/device_check.py`, `device_check_mode`) runs a learner's call with its
+The device check (`autograder/isolation/device_check.py`, `device_check_mode`) runs a learner's call with its
 tensors on PyTorch's meta device, fails every operation that mixes them with a CPU tensor as
 CUDA does, and computes each operation on CPU stand-ins instead of the meta device's kernels
 (many are written in Python, and the first of them imports PyTorch's compiler: 0.7 s of every
@@ -18,9 +18,11 @@ import torch
 import torch.nn.functional as F
 
 from autograder.hidden.support import vjp
-from autograder.runner import Learner, LearnerError, Submission
+from autograder.isolation.errors import LearnerError
+from autograder.isolation.remote import Learner
+from autograder.isolation.runner import Submission
 
-from autograder.device_check import device_check_mode
+from autograder.isolation.device_check import device_check_mode
 from conftest import ROOT
 
 META = torch.device("meta")
@@ -176,7 +178,7 @@ PLAIN_CHECKS = """
 import sys, torch
 layer = torch.nn.TransformerEncoderLayer(8, 2, 16, batch_first=True, dropout=0.0)
 x, mask = torch.randn(2, 3, 8), torch.tensor([[False, False, True], [False, False, False]])
-from autograder.device_check import plain_checks_without_symbolic_shapes
+from autograder.isolation.device_check import plain_checks_without_symbolic_shapes
 plain_checks_without_symbolic_shapes()
 plain_checks_without_symbolic_shapes()  # once only: not wrapped twice
 fast = layer(x, src_key_padding_mask=mask)

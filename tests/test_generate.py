@@ -13,10 +13,10 @@ import nbformat
 import pytest
 from nbgrader.utils import compute_checksum, is_grade, is_locked, is_solution
 
-from autograder import generate as gen
-from autograder.assignments import KEY_RE, ROOT, all_assignments
-from autograder.generate import MasterError, read_master
-from autograder.grader import Grader, GraderConfigError
+from autograder.authoring import generate as gen
+from autograder.authoring.generate import MasterError, read_master
+from autograder.core.assignments import KEY_RE, ROOT, all_assignments
+from autograder.grading.grader import Grader, GraderConfigError
 
 ASSIGNMENTS = all_assignments()
 KEYS = [a.key for a in ASSIGNMENTS]
@@ -236,7 +236,7 @@ def test_later_exercises_give_exercise_03s_attention_unchanged(key):
 ])
 def test_a_bad_include_is_refused_naming_the_master(tmp_path, monkeypatch, line, words):
     """Is an include of an unknown exercise or name, or of itself, refused with the master's name?"""
-    import autograder.assignments as assignments
+    import autograder.core.assignments as assignments
 
     demo = _demo(tmp_path, _cell(":grader: locked setup\n", "def f():\n    return 1\n" + line))
     real = assignments.get_assignment

@@ -104,8 +104,8 @@ def test_a_linked_notebook_is_refused(tmp_path):
 
 
 def _sandbox_problem() -> str:
-    from autograder.sandbox import make_sandbox
-    from autograder.unavailable import SandboxUnavailable
+    from autograder.isolation.sandbox import make_sandbox
+    from autograder.isolation.unavailable import SandboxUnavailable
 
     try:
         make_sandbox()
@@ -203,10 +203,10 @@ TEST_UIDS = range(61370, 61378)  # below every sandbox range (tests/conftest.py)
 def _uid_isolation():
     """Gradescope's fallback without bubblewrap, with a Python that an unprivileged uid can run (the
     course's environment may sit under /root, closed to other users), drawing uids from TEST_UIDS."""
-    from autograder.gradescope import UidIsolation
-    from autograder.limits import DEFAULT
-    from autograder.uids import UidPool
-    from autograder.unavailable import SandboxUnavailable
+    from autograder.core.limits import DEFAULT
+    from autograder.course.gradescope import UidIsolation
+    from autograder.isolation.uids import UidPool
+    from autograder.isolation.unavailable import SandboxUnavailable
 
     if os.geteuid() != 0:
         pytest.skip("a worker uid of its own needs root")
@@ -229,8 +229,8 @@ def test_without_bubblewrap_nothing_of_the_workers_uid_outlives_it(tmp_path, mon
     session of its own) is the OOM killer's first choice, daemon included; once the worker has ended and
     its sandbox is released, no process of its uid is alive. It starts with `-I` and the worker's own
     environment, whatever the grader's was (tests/attacks/environment.py)."""
-    from autograder.processes import kill_group, uid_processes
-    from autograder.runner import Submission
+    from autograder.isolation.processes import kill_group, uid_processes
+    from autograder.isolation.runner import Submission
 
     poison = Poison(tmp_path / "planted").apply(monkeypatch)
     iso = _uid_isolation()

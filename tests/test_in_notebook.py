@@ -1,7 +1,7 @@
 """`check()` in a notebook gives the points and hints of the command-line `check` on the saved notebook.
 
 check() grades the code the kernel ran, read from IPython's input history, in a grading process of
-its own (autograder/in_notebook.py). Here a kernel that ran a notebook from top to bottom is
+its own (autograder/learner/in_notebook.py). Here a kernel that ran a notebook from top to bottom is
 simulated by its history (the code cells' sources, execution counts 1..n, stored as IPython stores
 them), and:
 
@@ -30,11 +30,12 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder import in_notebook as N
-from autograder.assignments import ROOT, all_assignments, get_assignment
-from autograder.feedback import format_text
-from autograder.grader import CheckResult, Result
-from autograder.notebook import cell_label, code_cells, read_notebook
+from autograder.core.assignments import ROOT, all_assignments, get_assignment
+from autograder.core.notebook import cell_label, code_cells, read_notebook
+from autograder.grading.feedback import format_text
+from autograder.grading.grader import CheckResult, Result
+from autograder.learner import history as H
+from autograder.learner import in_notebook as N
 from chapters import tables
 import conftest
 from conftest import add_cell, chapter_batch, learner_notebook, mistake, write
@@ -89,7 +90,7 @@ _EXERCISES: dict = {}
 
 def _exercises() -> list:
     if not _EXERCISES:
-        _EXERCISES.update({a.key: N.exercise(a) for a in all_assignments()})
+        _EXERCISES.update({a.key: H.exercise(a) for a in all_assignments()})
     return list(_EXERCISES.values())
 
 
@@ -98,7 +99,7 @@ def test_history_gives_the_cells_the_command_line_grades(key, row, tmp_path):
     """Are the cells check() grades of a kernel that ran the notebook those `check` grades of the file?"""
     nb = read_notebook(write(chapter_batch(key)[row](), tmp_path / f"{row}.ipynb"))
     entries = history(nb)
-    assert N.infer_assignment(entries, _exercises()) == key
+    assert H.infer_assignment(entries, _exercises()) == key
     plan = N.plan_check(entries, assignment=key)
     labels = kernel_labels(nb)
     sent = [{"label": labels[c["label"]], "source": c["source"]} for c in plan.cells]
@@ -109,7 +110,7 @@ def test_history_gives_the_cells_the_command_line_grades(key, row, tmp_path):
 # --- which history entries are graded (fast) -------------------------------------------------
 
 def _sources(entries, tests=()) -> list[str]:
-    return [c["source"] for c in N.history_cells(list(enumerate(entries, 1)), tests)]
+    return [c["source"] for c in H.history_cells(list(enumerate(entries, 1)), tests)]
 
 
 def test_a_cell_fixed_and_run_again_replaces_the_earlier_run():
@@ -137,7 +138,7 @@ def test_the_check_cells_and_visible_tests_are_not_graded():
                "import autograder\nr = autograder.check('part 1')", "check(seed=3)",
                "def helper(): pass\ncheck()"]
     assert _sources(entries, {test}) == ["def softmax(x): return x", "def helper(): pass\ncheck()"]
-    cells = N.history_cells(list(enumerate(entries, 1)), {test})
+    cells = H.history_cells(list(enumerate(entries, 1)), {test})
     assert [c["label"] for c in cells] == ["In [1]", "In [6]"]
 
 
@@ -161,14 +162,14 @@ def test_the_report_names_every_cell_it_graded(tmp_path):
 
 
 def test_the_loader_and_check_agree_on_what_runs():
-    """Does check() reason about the statements the worker runs and the lines it blanks (autograder/worker.py's
+    """Does check() reason about the statements the worker runs and the lines it blanks (autograder/isolation/worker.py's
     KEPT and MAGIC_RE; read from its source, since importing it changes sys.path)?"""
     import ast
 
-    tree = ast.parse((ROOT / "autograder" / "worker.py").read_text())
+    tree = ast.parse((ROOT / "autograder" / "isolation" / "worker.py").read_text())
     top = {n.targets[0].id: n.value for n in tree.body if isinstance(n, ast.Assign) and isinstance(n.targets[0], ast.Name)}
-    assert [e.attr for e in top["KEPT"].elts] == [t.__name__ for t in N.KEPT]
-    assert top["MAGIC_RE"].args[0].value == N.MAGIC_RE.pattern
+    assert [e.attr for e in top["KEPT"].elts] == [t.__name__ for t in H.KEPT]
+    assert top["MAGIC_RE"].args[0].value == H.MAGIC_RE.pattern
 
 
 def test_the_exercise_is_told_from_the_cells_run_or_asked_for(tmp_path):
@@ -176,26 +177,26 @@ def test_the_exercise_is_told_from_the_cells_run_or_asked_for(tmp_path):
     ref = read_notebook(write(conftest.reference_notebook(KEY), tmp_path / "ref.ipynb"))
     assert N.plan_check(history(ref)).key == KEY
     for entries in ([], [(1, "import torch")]):
-        with pytest.raises(N.CheckRefused, match=r'cannot tell which exercise.*check\(assignment="01_seq2seq"\)'):
+        with pytest.raises(H.CheckRefused, match=r'cannot tell which exercise.*check\(assignment="01_seq2seq"\)'):
             N.plan_check(entries)
-    with pytest.raises(N.CheckRefused, match="knows no exercise 'nope'"):
+    with pytest.raises(H.CheckRefused, match="knows no exercise 'nope'"):
         N.plan_check(history(ref), assignment="nope")
-    with pytest.raises(N.CheckRefused, match="has run none of the code of exercise 03_qkv"):
+    with pytest.raises(H.CheckRefused, match="has run none of the code of exercise 03_qkv"):
         N.plan_check([(1, "from autograder import check; check()")], assignment=KEY)
 
 
 def test_parts_are_named_by_number_or_by_name():
     """Do "part 3", "Part 3", "3" and a part's name select its checks, and an unknown part list them all?"""
-    ex = N.exercise(get_assignment(KEY))
+    ex = H.exercise(get_assignment(KEY))
     for text in ("part 3", "Part 3", " PART3 ", "3", 3):
-        assert N.resolve_part(ex, text) == ["scaled_dot_product_attention"]
-    assert N.resolve_part(ex, "part 4") == ["padding_mask", "causal_mask"]
-    assert N.resolve_part(ex, "softmax") == N.resolve_part(ex, "test_Softmax") == ["softmax"]
+        assert H.resolve_part(ex, text) == ["scaled_dot_product_attention"]
+    assert H.resolve_part(ex, "part 4") == ["padding_mask", "causal_mask"]
+    assert H.resolve_part(ex, "softmax") == H.resolve_part(ex, "test_Softmax") == ["softmax"]
     assert ex.titles["causal_mask"] == "Part 4 (masks)"
     assert ex.titles["softmax"] == "Part 1 (a numerically stable softmax)"
     for text in ("part 9", "attention", ""):
-        with pytest.raises(N.CheckRefused) as info:
-            N.resolve_part(ex, text)
+        with pytest.raises(H.CheckRefused) as info:
+            H.resolve_part(ex, text)
         assert str(info.value).endswith(
             "its parts are Part 1 (softmax), Part 2 (attention_numpy), Part 3 (scaled_dot_product_attention), "
             'Part 4 (padding_mask, causal_mask): name one by its number or its name, e.g. check("part 1").')
@@ -204,7 +205,7 @@ def test_parts_are_named_by_number_or_by_name():
 def test_every_exercise_has_numbered_parts_covering_its_checks():
     """Can every part of every exercise be asked for by its number?"""
     for a in all_assignments():
-        ex = N.exercise(a)
+        ex = H.exercise(a)
         under = [p for _, _, ids in ex.headings for p in ids]
         assert ex.parts and under == ex.parts, a.key
         assert [n for n, _, _ in ex.headings] == list(range(1, len(ex.headings) + 1)), a.key
@@ -254,8 +255,8 @@ def _fake_kernel(monkeypatch, nb) -> None:
 
 
 def test_a_kernel_without_torch_gets_the_sentence_that_fixes_it(monkeypatch, capsys, tmp_path):
-    """torch missing in the kernel: autograder.learner_errors' one sentence, nothing graded."""
-    import autograder.learner_errors as errors
+    """torch missing in the kernel: autograder.core.learner_errors' one sentence, nothing graded."""
+    import autograder.core.learner_errors as errors
 
     _fake_kernel(monkeypatch, write(conftest.reference_notebook(KEY), tmp_path / "ref.ipynb"))
     asked = []
@@ -354,7 +355,7 @@ def test_a_definition_whose_cell_has_not_run_is_told_from_one_that_is_missing(tm
     """Run All stopped at a failing cell: the names the notebook defines below it have not run in this kernel
     (not "not defined in your notebook"). A name the kernel went past (a cell of the exercise below it ran:
     the learner renamed it), or whose cell ran with a syntax error, is missing for another reason."""
-    ex = N.exercise(get_assignment(KEY))
+    ex = H.exercise(get_assignment(KEY))
     assert {"softmax", "attention_numpy", "scaled_dot_product_attention", "padding_mask", "causal_mask"} <= ex.defined
     assert not {"p", "m", "tokens"} & ex.defined  # what the visible tests bind is not the exercise's
     ref = read_notebook(write(conftest.reference_notebook(KEY), tmp_path / "ref.ipynb"))
@@ -362,18 +363,18 @@ def test_a_definition_whose_cell_has_not_run_is_told_from_one_that_is_missing(tm
     stopped = _stopped_at(ref, "test_scaled_dot_product_attention")
     assert N.plan_check(stopped, assignment=KEY).unrun == ("causal_mask", "padding_mask")
     n = len(stopped)
-    assert N.not_run(stopped + [(n + 1, "def padding_mask(tokens, pad_id=0):\n    return (\n")], ex) == (
+    assert H.not_run(stopped + [(n + 1, "def padding_mask(tokens, pad_id=0):\n    return (\n")], ex) == (
         "causal_mask",)  # ran, with a syntax error: its note says so
-    assert N.not_run(stopped + [(n + 1, "causal_mask = None\nx = 1; padding_mask: int = 2")], ex) == ()
-    assert N.not_run(stopped + [(n + 1, "if padding_mask == None: (\ncausal_mask == 1")], ex) == (
+    assert H.not_run(stopped + [(n + 1, "causal_mask = None\nx = 1; padding_mask: int = 2")], ex) == ()
+    assert H.not_run(stopped + [(n + 1, "if padding_mask == None: (\ncausal_mask == 1")], ex) == (
         "causal_mask", "padding_mask")
     # renamed, then Run All stopped at the visible test that calls it: that name was gone past, not the masks
     sdpa = "def scaled_dot_product_attention("
     renamed = [(i, s.replace(sdpa, "def sdpa(")) for i, s in stopped]
-    assert renamed != stopped and N.not_run(renamed, ex) == ("causal_mask", "padding_mask")
+    assert renamed != stopped and H.not_run(renamed, ex) == ("causal_mask", "padding_mask")
     # every cell run, the masks' renamed: below them, their visible tests ran
     masks = [(i, s.replace("def padding_mask(", "def pad_mask(")) for i, s in history(ref)]
-    assert N.not_run(masks, ex) == ()
+    assert H.not_run(masks, ex) == ()
 
 
 def test_the_report_says_which_definitions_have_not_run():

@@ -2,7 +2,7 @@
 of the course, a part's function renamed, a Python without torch, a GPU notebook checked on a
 machine without a GPU. Each is one clear sentence, said once, with no traceback, on the command
 line's `check` (stdout, stderr, exit code) and, where it applies, in the check from a notebook
-cell (`autograder.in_notebook`), which grades with the same grader and report.
+cell (`autograder.learner.in_notebook`), which grades with the same grader and report.
 
 The sentences themselves are tested through the audit and the grader directly (fast); a few
 end-to-end checks (about 3 s each) run the command line as a learner does."""
@@ -19,12 +19,12 @@ import nbformat
 import pytest
 import torch
 
-from autograder import learner_errors
-from autograder.assignments import ROOT, get_assignment
-from autograder.grader import hint_for, load_notes
-from autograder.learner_errors import gpu_hint, stack_problem
-from autograder.notebook import audit_cells, cell_checksum, read_notebook, reference_cells
-from autograder.runner import LearnerError
+from autograder.core import learner_errors
+from autograder.core.assignments import ROOT, get_assignment
+from autograder.core.learner_errors import gpu_hint, stack_problem
+from autograder.core.notebook import audit_cells, cell_checksum, read_notebook, reference_cells
+from autograder.grading.grader import hint_for, load_notes
+from autograder.isolation.errors import LearnerError
 from conftest import add_cell, learner_notebook, mistake, reference_notebook, run_cli, write
 
 KEY = "03_qkv"
@@ -343,7 +343,7 @@ def test_the_learners_check_says_it_once(name, checked):
 
 def test_grade_refuses_an_older_release_and_a_forgery_each_with_its_reason(tmp_path):
     """The instructor's grader keeps refusing grade cells it does not know, and says which is which."""
-    from autograder.grader import ERROR, Grader
+    from autograder.grading.grader import ERROR, Grader
 
     nb = reference_notebook(KEY)
     nb.cells.append(nbformat.v4.new_code_cell("assert True", metadata={"nbgrader": {
@@ -359,7 +359,7 @@ def test_grade_refuses_an_older_release_and_a_forgery_each_with_its_reason(tmp_p
 @pytest.mark.parametrize("name", ["renamed", "cuda_in_function"])
 def test_the_check_in_a_notebook_says_the_same(name, checked):
     """The check from a notebook cell (a kernel's history of the same cells) prints the same hints."""
-    in_notebook = pytest.importorskip("autograder.in_notebook")
+    in_notebook = pytest.importorskip("autograder.learner.in_notebook")
     nb = CASES[name]()
     entries = [(i + 1, c.source) for i, c in enumerate(c for c in nb.cells if c.cell_type == "code")]
     text = in_notebook.report(entries, seed=7)

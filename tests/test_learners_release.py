@@ -20,15 +20,16 @@ import pytest
 import yaml
 
 from autograder import cli
-from autograder import learners_release as lr
-from autograder.assignments import ROOT, all_assignments
+from autograder.core.assignments import ROOT, all_assignments
+from autograder.course import learners_release as lr
+from autograder.course import release_search as rs
 
 REPO = "https://github.com/example-school/attention-learners"
 
 
 @pytest.fixture(scope="module")
 def forbidden():
-    return lr.forbidden_content()
+    return rs.forbidden_content()
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +60,7 @@ def test_verify_passes_the_learners_notebooks(tmp_path, notebooks, forbidden):
     (tmp_path / "exercises").mkdir()
     for key, text in notebooks.items():
         (tmp_path / "exercises" / f"{key}.ipynb").write_text(text)
-    assert lr.verify(tmp_path, forbidden) == []
+    assert rs.verify(tmp_path, forbidden) == []
 
 
 @pytest.mark.parametrize("plant", ["copy", "reindented", "html", "hidden", "marker", "folder"])
@@ -79,7 +80,7 @@ def test_verify_finds_what_must_stay_hidden(tmp_path, forbidden, plant):
     path = tmp_path / target
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
-    problems = lr.verify(tmp_path, forbidden)
+    problems = rs.verify(tmp_path, forbidden)
     assert problems and all(p.startswith(target) for p in problems), problems
 
 
@@ -220,7 +221,7 @@ def test_verify_finds_solution_code_in_disguise(tmp_path, notebooks, forbidden, 
     cell or output, a built page or a JSON file, with a sentence naming the file and the master (and
     its reference module)?"""
     target = _plant(tmp_path, notebooks, where, DISGUISED[disguise])
-    problems = lr.verify(tmp_path, forbidden)
+    problems = rs.verify(tmp_path, forbidden)
     assert problems and all(p.startswith(target) for p in problems), problems
     assert any(f"solution code from {MASTER}" in p and MODULE in p for p in problems), problems
 
@@ -231,7 +232,7 @@ def test_one_line_of_a_master_rewrapped_is_found(tmp_path, notebooks, forbidden,
     line = "scores = np.where(mask, scores, -np.inf)"
     assert line in ANSWER
     target = _plant(tmp_path, notebooks, where, "masked = np.where(\n    keep,\n    masked,\n    -np.inf,\n)\n")
-    problems = lr.verify(tmp_path, forbidden)
+    problems = rs.verify(tmp_path, forbidden)
     assert len(problems) == 1 and problems[0].startswith(f"{target} holds solution code from {MASTER}"), problems
 
 
@@ -242,7 +243,7 @@ def test_a_hidden_test_in_disguise_is_found(tmp_path, notebooks, forbidden):
     function = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name.startswith("test_"))
     code = _renamed(ast.unparse(function))
     target = _plant(tmp_path, notebooks, "notebook", code)
-    problems = lr.verify(tmp_path, forbidden)
+    problems = rs.verify(tmp_path, forbidden)
     assert problems and all(p.startswith(target) for p in problems), problems
     assert any(f"of the hidden test {test}" in p for p in problems), problems
 
@@ -258,7 +259,7 @@ def test_the_public_code_passes(tmp_path, notebooks, forbidden):
     (tmp_path / "exercises").mkdir()
     for key, text in notebooks.items():
         (tmp_path / "exercises" / f"{key}.ipynb").write_text(text)
-    assert lr.verify(tmp_path, forbidden) == []
+    assert rs.verify(tmp_path, forbidden) == []
 
 
 def _renamed(code: str) -> str:
@@ -285,8 +286,7 @@ def test_every_answer_that_is_found_is_found_renamed(tmp_path, forbidden):
     names renamed and its layout rewritten, and reported as that master's?"""
     from nbgrader import utils as nbgrader_utils
 
-    from autograder import generate as gen
-
+    from autograder.authoring import generate as gen
     tried = 0
     for a in all_assignments():
         master = str(a.master.relative_to(ROOT))
@@ -299,7 +299,7 @@ def test_every_answer_that_is_found_is_found_renamed(tmp_path, forbidden):
             tried += 1
             page = tmp_path / f"{a.key}-{tried}.html"
             page.write_text(_page_with(_renamed(code)))
-            problems = lr.verify(tmp_path, forbidden)
+            problems = rs.verify(tmp_path, forbidden)
             page.unlink()
             assert any(f"solution code from {master}" in p for p in problems), (a.key, cell.metadata["nbgrader"])
     assert tried >= 35
@@ -311,8 +311,7 @@ def test_every_line_the_line_check_found_is_still_found(forbidden):
     (comments no longer count), or the public course shows its code, names aside?"""
     from nbgrader import utils as nbgrader_utils
 
-    from autograder import generate as gen
-
+    from autograder.authoring import generate as gen
     lines = []
     for a in all_assignments():
         for cell in gen.read_master(a).cells:
@@ -321,16 +320,16 @@ def test_every_line_the_line_check_found_is_still_found(forbidden):
                 for line in cell.source.splitlines():
                     if "### BEGIN SOLUTION" in line or "### END SOLUTION" in line:
                         inside = "BEGIN" in line
-                    elif inside and len(re.sub(r"\s+|#.*", "", line)) > lr.MIN_LINE:
+                    elif inside and len(re.sub(r"\s+|#.*", "", line)) > rs.MIN_LINE:
                         lines.append(line.strip())
     assert len(lines) > 200
     missed = [line for line in lines if not any(m.unit.sources[0].startswith("exercises/source/")
                                                 for m in forbidden.find(f"\t  {line}"))]
-    shown = lr.Forbidden(forbidden.kept)
+    shown = rs.Forbidden(forbidden.kept)
     for i, line in enumerate(missed):
         shown.add_code(line, str(i))
     shown.index([])
-    public = {s for text in lr._public_texts() for m in shown.find(text) for s in m.unit.sources}
+    public = {s for text in rs._public_texts() for m in shown.find(text) for s in m.unit.sources}
     assert [line for i, line in enumerate(missed) if str(i) not in public] == []
 
 
@@ -394,7 +393,7 @@ def test_the_release_holds_nothing_that_is_hidden(released, forbidden):
     dest, _ = released
     files = [p for p in dest.rglob("*") if p.is_file()]
     assert len(files) > 50
-    assert lr.verify(dest, forbidden) == []
+    assert rs.verify(dest, forbidden) == []
     names = {"/".join(p.relative_to(dest).parts) for p in files}
     assert not [n for n in names if re.search(r"(^|/)(solutions|hidden|source)/|instructors/|grading-security", n)]
     assert json.loads((dest / lr.MARKER).read_text())["files"] == sorted(names - {lr.MARKER})

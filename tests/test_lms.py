@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from autograder.lms import CANVAS_COLUMNS, write_lms
-from autograder.usage import UsageError
+from autograder.core.usage import UsageError
+from autograder.course.lms import CANVAS_COLUMNS, write_lms
 
 KEY = "03_qkv"
 

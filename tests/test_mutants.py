@@ -13,8 +13,8 @@ import textwrap
 
 import pytest
 
-from autograder import mutants as mt
-from autograder.assignments import all_assignments, get_assignment
+from autograder.core.assignments import all_assignments, get_assignment
+from autograder.quality import mutants as mt
 
 KEYS = [a.key for a in all_assignments()]
 SAMPLE = 2  # mutants per exercise graded in CI
@@ -216,7 +216,7 @@ def test_sampled_mutants_are_killed(key, sampled):
 @pytest.mark.slow
 def test_weakened_hidden_check_lets_a_sampled_mutant_survive(tmp_path):
     """With the checks that kill a sampled mutant reduced to `return`, does the sample check report it?"""
-    from autograder.grader import Grader
+    from autograder.grading.grader import Grader
 
     key = "03_qkv"
     a = get_assignment(key)

@@ -237,8 +237,8 @@ def test_release_feedback_delivers_our_page_to_the_learner(course):
 
 def fake_result(scores: dict[str, float]):
     """A graded result of 03_qkv with the given part scores (other parts full), one failed check with a hint."""
-    from autograder.grader import CheckResult, Result
-    from autograder.usage import course_grader
+    from autograder.grading.grader import CheckResult, Result
+    from autograder.grading.grader import course_grader
 
     parts = course_grader(KEY).parts
     result = Result.blank(KEY, "x.ipynb", parts, student="bob", seed=1)
@@ -257,7 +257,7 @@ def by_gid_of(nb) -> dict:
 
 def test_the_autograded_notebook_keeps_only_the_learners_sources():
     """Are locked cells the release's, answers the learner's, added cells kept in place, and nothing else?"""
-    from autograder.nbgrader_course import autograded_notebook
+    from autograder.course.nbgrader_course import autograded_notebook
 
     release = learner_notebook(KEY)
     nb = reference_notebook(KEY)
@@ -292,9 +292,9 @@ def test_the_autograded_notebook_keeps_only_the_learners_sources():
     assert "0 / 15 points" in sdpa and "[FAILED] Is it scaled? (0 / 1)" in sdpa and "Divide by sqrt(d_k)." in sdpa
     # one hint that several checks give is said under the first, the others point to it by its title: the
     # check's own (ours), whole, as on its line; learner text stays capped
-    from autograder.grader import CheckResult
-    from autograder.limits import DEFAULT
-    from autograder.usage import course_grader
+    from autograder.core.limits import DEFAULT
+    from autograder.grading.grader import CheckResult
+    from autograder.grading.grader import course_grader
 
     checks = [c for c in course_grader(KEY).checks if c.part == "attention_numpy"]
     assert len(checks) >= 2 and len(checks[0].title) > 80  # long enough to have been cut
@@ -315,8 +315,8 @@ def test_the_autograded_notebook_keeps_only_the_learners_sources():
 def test_a_manual_score_is_kept_and_flagged_only_when_the_grader_changes_its_mind(tmp_path):
     """Does `record` keep an instructor's score, leave it unflagged over the same automatic score, and flag it
     (needs_review) over a changed one?"""
-    from autograder import gradebook as gbk
-    from autograder.assignments import get_assignment
+    from autograder.core.assignments import get_assignment
+    from autograder.course import gradebook as gbk
 
     a = get_assignment(KEY)
     with gbk.open_gradebook(f"sqlite:///{tmp_path / 'gradebook.db'}") as gb:
@@ -343,8 +343,7 @@ def test_a_new_gradebook_is_stamped_with_the_revision_nbgrader_stamps(tmp_path, 
     so that nbgrader's tools take it as current?"""
     import sqlite3
 
-    from autograder import gradebook as gbk
-
+    from autograder.course import gradebook as gbk
     monkeypatch.setenv("PATH", str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
     expected = gbk._nbgrader_alembic_version()  # nbgrader's function: runs `alembic heads`
     with gbk.open_gradebook(f"sqlite:///{tmp_path / 'gradebook.db'}"):

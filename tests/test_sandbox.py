@@ -19,13 +19,15 @@ from pathlib import Path
 
 import pytest
 
-from autograder import seccomp
-from autograder.assignments import ROOT
-from autograder.limits import DEFAULT
-from autograder.runner import Learner, LearnerError, Submission, WorkerDied
-from autograder.cgroups import MemoryCgroups, cgroup_dirs
-from autograder.sandbox import Sandbox, detect
-from autograder.uids import RESERVED_UIDS, SANDBOX_UIDS, UidPool
+from autograder.core.assignments import ROOT
+from autograder.core.limits import DEFAULT
+from autograder.isolation import seccomp
+from autograder.isolation.cgroups import MemoryCgroups, cgroup_dirs
+from autograder.isolation.errors import LearnerError, WorkerDied
+from autograder.isolation.remote import Learner
+from autograder.isolation.runner import Submission
+from autograder.isolation.sandbox import Sandbox, detect
+from autograder.isolation.uids import RESERVED_UIDS, SANDBOX_UIDS, UidPool
 
 MAX_FILE_SIZE, MAX_PROCESSES, TMP_BYTES = (DEFAULT.sandbox_file_size, DEFAULT.sandbox_processes,
                                            DEFAULT.sandbox_tmp_bytes)
@@ -220,7 +222,7 @@ def test_learner_error_crosses_as_data(sandbox):
 
 
 def test_python_installation_containing_the_repo_is_refused(tmp_path):
-    from autograder.sandbox import SandboxUnavailable
+    from autograder.isolation.sandbox import SandboxUnavailable
 
     sb = Sandbox.__new__(Sandbox)
     sb.binds = [str(ROOT.parent)]
@@ -526,8 +528,8 @@ def test_uid_pool_skips_reserved_and_known_ids():
     got = [pool.take() for _ in range(2 * len(pool.uids))]
     assert sorted(set(got)) == pool.uids  # round robin: every uid before any comes back
     assert len(set(got[: len(pool.uids)])) == len(pool.uids)
-    from autograder.sandbox import SandboxUnavailable
-    from autograder.uids import account_ids
+    from autograder.isolation.sandbox import SandboxUnavailable
+    from autograder.isolation.uids import account_ids
 
     low = UidPool(range(0, 200))
     assert 0 not in low.uids and not set(low.uids) & account_ids()
@@ -680,7 +682,7 @@ def test_a_stale_cgroup_of_a_killed_grader_is_removed(sandbox, tmp_path):
     script.write_text(f"""
 import os, subprocess, sys, time
 sys.path.insert(0, {str(ROOT)!r})
-from autograder.cgroups import MemoryCgroups
+from autograder.isolation.cgroups import MemoryCgroups
 cg = MemoryCgroups({cg.parent!r}, {cg.version}, "test")
 path = cg.create(64 * 2**20)
 p = subprocess.Popen(["sh", "-c", 'echo $$ > "$0"/cgroup.procs && exec sleep 60', path])

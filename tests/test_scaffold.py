@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from autograder.assignments import ROOT
+from autograder.authoring.scaffold import chapter_paths, toc_chapters, toc_with_chapter
 from autograder.cli import main
-from autograder.scaffold import chapter_paths, toc_chapters, toc_with_chapter
-from autograder.usage import UsageError
+from autograder.core.assignments import ROOT
+from autograder.core.usage import UsageError
 
 KEY = "99_demo"
 TITLE = "A demo chapter"

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from autograder import seeds as sd
-from autograder.assignments import ROOT, get_assignment
-from autograder.grader import Grader, check_seed
+from autograder.core.assignments import ROOT, get_assignment
+from autograder.grading.grader import Grader, check_seed
+from autograder.quality import seeds as sd
 
 KEY = "03_qkv"
 SEEDS = [1, 2, 3, 4]
@@ -208,7 +208,7 @@ def test_the_pool_ends_when_the_command_is_killed(sig, tmp_path):
 ORPHAN = """
 import os, signal, subprocess, sys, time
 sys.path.insert(0, sys.argv[1])
-from autograder.processes import die_with_parent
+from autograder.isolation.processes import die_with_parent
 die_with_parent(os.getppid(), grace=0.5, cleanup=lambda: open(sys.argv[2], "w").close())
 signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the orderly end never comes: as if it had been lost
 grandchild = subprocess.Popen(["sleep", "300"], start_new_session=True)

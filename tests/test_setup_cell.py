@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from autograder import generate as gen
-from autograder.assignments import ROOT, all_assignments
-from autograder.notebook import code_cells, read_notebook
-from autograder.worker import statements
+from autograder.authoring import generate as gen
+from autograder.core.assignments import ROOT, all_assignments
+from autograder.core.notebook import code_cells, read_notebook
+from autograder.isolation.worker import statements
 
 ASSIGNMENTS = all_assignments()
 KEYS = [a.key for a in ASSIGNMENTS]

@@ -9,8 +9,9 @@ import re
 
 import pytest
 
-from autograder.assignments import get_assignment
-from autograder.similarity import THRESHOLD, Exercise, compare, exercise_for, jaccard, parse_notebook, report_html
+from autograder.core.assignments import get_assignment
+from autograder.course.similarity import (THRESHOLD, Exercise, compare, exercise_for, jaccard, parse_notebook,
+                                          report_html)
 from chapters.ch03_qkv import MISTAKES
 from conftest import run_cli
 
@@ -174,7 +175,7 @@ def test_hostile_cells_become_notes(exercise):
     assert any("softmax" in n and "compared as tokens" in n for n in a.notes)
     assert any("nested too deeply" in n for n in a.notes)
     assert a.fingerprints["softmax"]
-    from autograder.similarity import NotCompared
+    from autograder.course.similarity import NotCompared
     deep = exercise.answers(notebook(dict(ref, softmax="def softmax(x, axis=-1):\n    return " + "x+" * 50_000 + "x\n")),
                             "b")
     assert any("softmax" in n and "nested too deeply; compared as tokens" in n for n in deep.notes)
@@ -253,7 +254,7 @@ def test_helpers_of_several_statements_are_followed_and_renamed(exercise):
 
 @pytest.fixture(scope="module")
 def transformer():
-    from autograder.generate import read_master
+    from autograder.authoring.generate import read_master
 
     key = "06_transformer"
     answers = {c.metadata["nbgrader"]["grade_id"]: c.source for c in read_master(get_assignment(key)).cells
@@ -295,7 +296,7 @@ def test_class_parts_of_chapter_06(transformer):
 def test_a_tree_too_deep_to_rewrite_is_not_compared(exercise):
     """Does an answer that parses but is too deep for ast.unparse make the submission "not compared"
     (one sentence), while the tree stays usable for the next learner?"""
-    from autograder.similarity import NotCompared
+    from autograder.course.similarity import NotCompared
 
     deep = "def softmax(x, axis=-1):\n    return " + "x+" * 800 + "x\n"
     ast.parse(deep)  # it parses: only the rewriting is too deep
@@ -327,7 +328,7 @@ def test_command_line_json(tmp_path):
 def test_one_learner_that_breaks_the_comparison_costs_only_their_place_in_it(tmp_path, monkeypatch):
     """Does any exception while one learner's notebook is read and normalised leave that learner out of the
     report, with the reason, and the others compared as before?"""
-    from autograder.similarity import Exercise, similarity_report
+    from autograder.course.similarity import Exercise, similarity_report
 
     subs = tmp_path / "submitted"
     subs.mkdir()

@@ -1,4 +1,4 @@
-"""Every sentence of every exercise's spec names the hidden checks that test it (autograder/spec_table.py).
+"""Every sentence of every exercise's spec names the hidden checks that test it (autograder/authoring/spec_table.py).
 
 The tables in book/instructors/hidden-tests.md are generated from the masters, their
 `KEY.spec.toml` files and the hidden tests; `generate --check` (tests/test_generate.py) keeps them
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from autograder import spec_table as T
-from autograder.assignments import all_assignments
+from autograder.authoring import spec_table as T
+from autograder.core.assignments import all_assignments
 
 KEYS = [T.INSTRUCTIONS] + [a.key for a in all_assignments()]
 

@@ -1,4 +1,4 @@
-"""The rule of the submissions folder (`autograder.submissions`): which notebook is whose, what is
+"""The rule of the submissions folder (`autograder.course.submissions`): which notebook is whose, what is
 rejected and why, and that reading a claimed notebook never follows a link, never blocks on a
 FIFO and never reads past the cap. Fast: nothing is graded."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from autograder.limits import DEFAULT
-from autograder.submissions import find_submissions, read_claim
+from autograder.core.limits import DEFAULT
+from autograder.course.submissions import find_submissions, read_claim
 
 KEY = "03_qkv"
 BIDI = "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"

@@ -1,4 +1,4 @@
-"""The warm start (autograder/warm.py): workers forked from one pre-imported template per job.
+"""The warm start (autograder/isolation/warm.py): workers forked from one pre-imported template per job.
 
 Cross-learner attacks: learner A's notebook (the reference, full marks, plus an attack at
 its top level) is graded by a warm `Grader`; then the next worker forked from the same
@@ -18,12 +18,14 @@ import signal
 
 import pytest
 
-from autograder import seccomp as S
-from autograder import warm as W
-from autograder.assignments import get_assignment
-from autograder.grader import Grader
-from autograder.runner import Learner, Submission, WorkerDied
-from autograder.sandbox import SandboxUnavailable, detect
+from autograder.core.assignments import get_assignment
+from autograder.grading.grader import Grader
+from autograder.isolation import seccomp as S
+from autograder.isolation import warm as W
+from autograder.isolation.errors import WorkerDied
+from autograder.isolation.remote import Learner
+from autograder.isolation.runner import Submission
+from autograder.isolation.sandbox import SandboxUnavailable, detect
 from attacks.environment import Poison, cmdline, environ, planted_in
 from conftest import add_cell, chapter_batch, reference_notebook, write
 

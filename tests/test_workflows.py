@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from autograder import learners_release
-
+from autograder.course import learners_release
 ROOT = Path(__file__).resolve().parents[1]
 WORKFLOWS = ROOT / ".github" / "workflows"
 CURRENT = {

@@ -28,7 +28,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from autograder.runner import GradResult, LearnerError, NotImplementedRemote, RemoteObject
+from autograder.isolation.errors import LearnerError, NotImplementedRemote
+from autograder.isolation.remote import GradResult
+from autograder.isolation.runner import RemoteObject
 
 HALF = (torch.float16, torch.bfloat16)
 FLOATS = (torch.float32, torch.float64)
@@ -55,7 +57,7 @@ def points(n: float, part: str):
 def prepared(setup):
     """Mark a hidden test whose first work needs neither the learner nor the checks before it (a search for
     inputs with the reference alone), so that the grader may do it ahead, in a thread, while it waits for the
-    learner's worker (`autograder.ahead`). ``setup(reference)`` returns ``work(rng)``; the check takes the
+    learner's worker (`autograder.grading.ahead`). ``setup(reference)`` returns ``work(rng)``; the check takes the
     fixture ``prepared``, the value of ``work`` called with the check's own ``rng``, which the check then gets
     with the work's draws already made, as if it had done the work itself first. `work` must use `rng` and what
     `setup` made alone: no global generator (module constructors draw from it: build modules in `setup`), no

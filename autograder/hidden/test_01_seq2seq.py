@@ -42,7 +42,7 @@ import torch.nn.functional as F
 
 from autograder.hidden.support import (HALF, Hint, close, diagnose, expect, expect_close, expect_device_agnostic,
                                        expect_grads, learner_grads, learner_module, pair, points, tensor, vjp)
-from autograder.runner import LearnerError, NotImplementedRemote
+from autograder.isolation.errors import LearnerError, NotImplementedRemote
 
 PAD, SOS, EOS = 0, 1, 2
 F32, F64 = torch.float32, torch.float64

@@ -25,9 +25,9 @@ import torch
 
 from autograder.hidden.support import (DEVICE_ERRORS, FIXED_DEVICE_HINT, HALF, Hint, close, diagnose, expect,
                                        expect_accepts_cpu_tail, expect_close, expect_device_agnostic, expect_grads,
-                                       learner_grads, learner_module, module, pair, points, random_mask, reference_grads,
-                                       tensor, vjp)
-from autograder.runner import LearnerError, MissingName, NotImplementedRemote
+                                       learner_grads, learner_module, module, pair, points, random_mask,
+                                       reference_grads, tensor, vjp)
+from autograder.isolation.errors import LearnerError, MissingName, NotImplementedRemote
 
 F32, F64 = torch.float32, torch.float64
 DTYPES = (F32, F64)

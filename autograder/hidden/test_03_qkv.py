@@ -14,10 +14,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from autograder.hidden.support import (HALF, Hint, array, close, diagnose, expect, expect_device_agnostic,
-                                       expect_grads, learner_grads, pair, points, random_mask, reference_grads,
-                                       tensor)
-from autograder.runner import LearnerError, NotImplementedRemote
+from autograder.hidden.support import (HALF, Hint, array, close, diagnose, expect, expect_device_agnostic, expect_grads,
+                                       learner_grads, pair, points, random_mask, reference_grads, tensor)
+from autograder.isolation.errors import LearnerError, NotImplementedRemote
 
 SDPA = "scaled_dot_product_attention"
 META = torch.device("meta")

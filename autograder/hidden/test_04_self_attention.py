@@ -23,7 +23,7 @@ import torch
 from autograder.hidden.support import (DEVICE_ERRORS, FIXED_DEVICE_HINT, HALF, Hint, close, diagnose, expect,
                                        expect_accepts_cpu_tail, expect_device_agnostic, expect_grads, learner_grads,
                                        learner_module, module, pair, points, random_mask, tensor, vjp)
-from autograder.runner import LearnerError, NotImplementedRemote
+from autograder.isolation.errors import LearnerError, NotImplementedRemote
 
 F32, F64 = torch.float32, torch.float64
 SA, SIN, PE, ROPE = "SelfAttention", "sinusoidal_encoding", "PositionalEncoding", "apply_rope"

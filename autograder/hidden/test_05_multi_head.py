@@ -17,7 +17,8 @@ import torch.nn.functional as F
 
 from autograder.hidden.support import (HALF, Hint, close, diagnose, expect, expect_device_agnostic, expect_grads,
                                        learner_grads, learner_module, module, pair, points, random_mask, tensor, vjp)
-from autograder.runner import LearnerError, MissingName, NotImplementedRemote, RemoteObject
+from autograder.isolation.errors import LearnerError, MissingName, NotImplementedRemote
+from autograder.isolation.runner import RemoteObject
 
 F32, F64 = torch.float32, torch.float64
 MHA, GQA = "MultiHeadAttention", "GroupedQueryAttention"

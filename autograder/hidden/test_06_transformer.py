@@ -29,9 +29,10 @@ import torch.nn.functional as F
 
 from autograder.hidden.support import (DEVICE_ERRORS, FIXED_DEVICE_HINT, Hint, broadcast_shape, close, diagnose, expect,
                                        expect_device_agnostic, expect_grads, learner_builtins, learner_grads,
-                                       learner_module, made_in_learner, method, module, points, prepared,
-                                       random_mask, submodule, tensor, vjp)
-from autograder.runner import LearnerError, MissingName, NotImplementedRemote, RemoteObject
+                                       learner_module, made_in_learner, method, module, points, prepared, random_mask,
+                                       submodule, tensor, vjp)
+from autograder.isolation.errors import LearnerError, MissingName, NotImplementedRemote
+from autograder.isolation.runner import RemoteObject
 
 F32, F64 = torch.float32, torch.float64
 PAD, SOS, EOS = 0, 1, 2

@@ -62,7 +62,8 @@ import torch.nn.functional as F
 
 from autograder.hidden.support import (DEVICE_ERRORS, HALF, Hint, broadcast_shape, close, diagnose, expect,
                                        expect_device_agnostic, made_in_learner, method, points, tensor)
-from autograder.runner import LearnerError, NotImplementedRemote, RemoteObject
+from autograder.isolation.errors import LearnerError, NotImplementedRemote
+from autograder.isolation.runner import RemoteObject
 
 F32, F64 = torch.float32, torch.float64
 OS, TILED, WINDOW, LINEAR = "online_softmax", "tiled_attention", "sliding_window_mask", "linear_attention"

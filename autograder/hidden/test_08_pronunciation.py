@@ -33,10 +33,11 @@ import torch
 import torch.nn.functional as F
 from rapidfuzz.distance import OSA, DamerauLevenshtein, Levenshtein
 
-from autograder import optimizers
-from autograder.hidden.support import (Hint, close, describe, diagnose, expect, expect_device_agnostic,
-                                       learner_module, method, odd_tensor, points, tensor)
-from autograder.runner import LearnerError, RemoteObject
+from autograder.hidden.support import (Hint, close, describe, diagnose, expect, expect_device_agnostic, learner_module,
+                                       method, odd_tensor, points, tensor)
+from autograder.isolation import optimizers
+from autograder.isolation.errors import LearnerError
+from autograder.isolation.runner import RemoteObject
 
 
 PAD, SOS, EOS, UNK = 0, 1, 2, 3
@@ -825,7 +826,7 @@ def _learner_tiny(learner, ref, V_src, V_tgt, device="cpu"):
 
 # --- Part 4: one training step (4 points) ------------------------------------------------------
 
-# The learner's train_step and the reference's both step the grader's SGD and Adam (autograder.optimizers): torch's
+# The learner's train_step and the reference's both step the grader's SGD and Adam (autograder.isolation.optimizers): torch's
 # update rules, as torch.optim.Optimizer subclasses, without the import of PyTorch's compiler that torch.optim's
 # own pay when built (1.3 s, during which a worker that imports it does nothing else).
 OPTIMIZERS = {"SGD": optimizers.SGD, "Adam": optimizers.Adam}

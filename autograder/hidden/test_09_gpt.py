@@ -58,10 +58,10 @@ import re
 import torch
 import torch.nn.functional as F
 
-from autograder.hidden.support import (Hint, close, describe, diagnose, expect, expect_device_agnostic,
-                                       learner_module, made_in_learner, method, module, odd_tensor, points,
-                                       tensor)
-from autograder.runner import LearnerError, RemoteObject
+from autograder.hidden.support import (Hint, close, describe, diagnose, expect, expect_device_agnostic, learner_module,
+                                       made_in_learner, method, module, odd_tensor, points, tensor)
+from autograder.isolation.errors import LearnerError
+from autograder.isolation.runner import RemoteObject
 
 F64 = torch.float64
 SPLIT = re.compile(rb" ?[A-Za-z]+| ?[0-9]+| ?[^\sA-Za-z0-9]+|\s+(?!\S)|\s+")

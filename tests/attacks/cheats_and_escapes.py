@@ -22,8 +22,8 @@ from pathlib import Path
 
 import nbformat
 
-from autograder.assignments import ROOT, get_assignment
-from autograder.uids import SANDBOX_UIDS
+from autograder.core.assignments import ROOT, get_assignment
+from autograder.isolation.uids import SANDBOX_UIDS
 from conftest import add_cell, learner_notebook, reference_notebook
 
 KEY = "03_qkv"

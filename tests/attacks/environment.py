@@ -5,7 +5,7 @@ Whoever starts the grader controls its environment: an instructor's shell, Grade
 a learner's own kernel, where a cell can set `os.environ["PYTHONPATH"]` before `check()` (the
 grading process `check()` starts would then run the learner's code and could show full marks where
 `grade` gives 0). Every helper therefore starts with `python -I` and an allow-listed environment
-(`autograder.processes`). `Poison` builds such an environment for the tests that start each kind of
+(`autograder.isolation.processes`). `Poison` builds such an environment for the tests that start each kind of
 helper (tests/test_sandbox.py, test_warm_start.py, test_in_notebook.py, test_gradescope.py,
 test_adversarial_worker.py); `build` adds to the batch a notebook that sets those variables in a
 cell and then calls `check()`: `grade` gives it the reference's marks.

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ctypes
 
-from autograder import seccomp
+from autograder.isolation import seccomp
 from conftest import add_cell, learner_notebook, reference_notebook
 
 KEY = "03_qkv"
@@ -360,7 +360,7 @@ def _grader_keyring(ctx) -> None:
 
 
 def _memory_cgroup_available() -> bool:
-    from autograder.cgroups import MemoryCgroups
+    from autograder.isolation.cgroups import MemoryCgroups
 
     cg, _ = MemoryCgroups.find(2**30)
     return cg is not None

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 
-from autograder.assignments import get_assignment
+from autograder.core.assignments import get_assignment
 
 KEY = "03_qkv"
 HUGE = "9" * 5000  # Python refuses to read an integer of more than 4,300 digits
