@@ -33,7 +33,7 @@ BOOK_JOBS ?= 2
 book: bytecode
 	$(PY) book/_ext/build_book.py --jobs $(BOOK_JOBS) -- . -W -n --keep-going
 
-# The browser tests (tests/test_browser.py) read the built site: build it first. With the
+# The browser tests (tests/book/test_browser.py) read the built site: build it first. With the
 # execution cache an up-to-date book rebuilds in seconds.
 # The suite runs on TEST_WORKERS xdist workers, each taking a group of tests at a time (the
 # tests that share a fixture run together; tests/conftest.py). TEST_WORKERS=0 runs everything
@@ -53,7 +53,7 @@ test-fast: bytecode
 # Every page of the built book at desktop and phone width, as full-page PNGs in
 # _build/screenshots/{desktop,phone}/ for a person to look at (the browser tests, saving what they see).
 screenshots: install book
-	BOOK_SCREENSHOTS=1 $(PY) -m pytest tests/test_browser.py -q
+	BOOK_SCREENSHOTS=1 $(PY) -m pytest tests/book/test_browser.py -q
 
 # Chapter 08's models, retrained from scratch (about 15 minutes of 2 idle cores: the Transformer on one, the GRUs on the other),
 # their weights and manifest written to solutions/g2p_weights/. The book loads them while the

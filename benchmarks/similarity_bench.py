@@ -3,7 +3,7 @@
 For 03_qkv and 06_transformer, writes 300 notebooks into a temporary folder, a cohort as a class
 hands it in: a tenth copy the reference, a tenth copy another learner (a few copied pairs), and the
 rest answer each part independently: for 03_qkv with one of three implementations written apart
-(the reference and the two of tests/test_similarity.py), for 06_transformer with the reference and
+(the reference and the two of tests/course/test_similarity.py), for 06_transformer with the reference and
 one of the chapter's typical mistakes (tests/chapters/chKEY.py); every copy has its local names
 renamed and comments added at random. Times reading them by `grade`'s folder rule (the baseline)
 and the whole report (reading included), and prints both and their ratio, in wall-clock and CPU

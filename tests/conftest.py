@@ -233,7 +233,7 @@ class ChapterHarness:
             write(make(), base / "submitted" / f"{student}.ipynb")
         out = base / "out"
         # As an instructor runs it (sandboxed), warm, on one core: two runs share the two cores
-        # without paying a local cluster's start each; --jobs N is graded by tests/test_cohort.py
+        # without paying a local cluster's start each; --jobs N is graded by tests/batch/test_cohort.py
         # and the adversarial batch. No row of a table is an endless loop, so the submission's
         # time budget is raised from 120 s to HARNESS_TIMEOUT: a loaded or slow machine never
         # turns a row's lost checks into a time-out (one row takes 15-30 s on an idle machine).
@@ -306,7 +306,7 @@ def graded_chapter(request, tmp_path_factory):
 # forked from, where one learner's leftovers could reach the next, and with the second seccomp
 # filter, the fork and the renewal of /tmp that only it has. The sandbox both paths share
 # (bubblewrap, the first filter, the uid, the memory cgroup) is attacked here through it; the fresh
-# worker that `grade` starts by default is tested directly by tests/test_sandbox.py and graded cold
+# worker that `grade` starts by default is tested directly by tests/isolation/test_sandbox.py and graded cold
 # end to end by test_grade_cli.py, test_cohort.py, test_reliability.py, test_check_matches_grade.py
 # and the memory attacks (test_adversarial_memory.py, cold and warm). Cold, the batch's 108
 # notebooks started about 160 fresh workers, each importing torch: about 120 CPU seconds more.

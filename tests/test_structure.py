@@ -21,11 +21,16 @@ graph too, and `autograder.isolation.worker_files` must list every file they rea
 from __future__ import annotations
 
 import ast
+import functools
 import re
+import subprocess
 import sys
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parent.parent / "autograder"
+COURSE = Path(__file__).resolve().parent.parent
+PACKAGE = COURSE / "autograder"
+MAP_PAGE = COURSE / "book" / "instructors" / "authoring.md"
+MAP_HEADING = "## The repository at a glance"
 TOP = "autograder"  # the name, in the graph, of the package's own top-level modules
 MAX_LINES = 600
 # One file per chapter, named by the exercise (autograder/hidden/test_KEY.py: `Assignment.hidden_tests`):
@@ -51,8 +56,9 @@ class Package(dict):
         self.subpackages = sorted(subpackages)
 
 
+@functools.lru_cache(maxsize=None)
 def read_package(folder: Path = PACKAGE) -> Package:
-    """Every module of the package, parsed, by its dotted name below the package: "cli",
+    """Every module of the package (read once per folder: the trees are never changed), parsed, by its dotted name below the package: "cli",
     "core.text", "isolation.worker"; a subpackage's `__init__.py` is "core"; the package's own
     is "__init__"."""
     trees, subs = {}, set()
@@ -293,6 +299,58 @@ def private_uses(trees: dict[str, ast.Module], known=frozenset()) -> list[str]:
     return [f"{m}: line {line}: {what}" for m, line, n, what in sorted(found) if (m, n) not in known]
 
 
+def repository_map(page: Path = MAP_PAGE) -> dict[str, tuple[str, set[str] | None, list[str]]]:
+    """The map that opens the authoring page: {entry: (its text, the names after its arrow or None,
+    its children's names)}; an entry is "book", "autograder", "autograder/core"... (no slash at the end)."""
+    text = page.read_text(encoding="utf-8")
+    block = text[text.index(MAP_HEADING):]
+    block = block[block.index("```text\n") + len("```text\n"):]
+    block = block[:block.index("```")]
+    entries: dict[str, list] = {}
+    top = current = None
+    for line in block.splitlines():
+        m = re.match(r"^( {0,2})(\S+)\s(.*)$", line)
+        if m and not line.startswith("   "):
+            name = m.group(2).rstrip("/")
+            if m.group(1):
+                name = f"{top}/{name}"
+                entries[top][2].append(name.split("/")[-1])
+            else:
+                top = name
+            text, _, said = m.group(3).partition("\u2192")
+            imports = None
+            if said.strip():
+                imports = set() if said.strip() == "nothing" else {w.strip() for w in said.split(",")}
+            current = entries.setdefault(name, [text.strip(), imports, []])
+        elif current is not None:
+            current[0] += " " + line.strip()
+    return {name: (e[0], e[1], e[2]) for name, e in entries.items()}
+
+
+def map_problems(trees: Package, page: Path = MAP_PAGE, root: Path = COURSE) -> list[str]:
+    """Where the repository map disagrees with the tree: a folder it lists that is not there, a
+    top-level folder or a subpackage it leaves out, a subpackage whose arrow differs from its
+    `__init__.py`, a test folder it does not name."""
+    entries = repository_map(page)
+    problems = [f"the map lists {name}/, which is not a folder" for name in entries
+                if not (root / name).exists()]
+    tracked = subprocess.run(["git", "ls-files"], cwd=root, capture_output=True, text=True).stdout.split()
+    folders = {f.split("/")[0] for f in tracked if "/" in f and not f.startswith(".")}
+    problems += [f"the map leaves out {f}/" for f in sorted(folders - entries.keys())]
+    children = set(entries.get("autograder", ("", None, []))[2])
+    problems += [f"the map leaves out autograder/{s}/" for s in sorted(set(trees.subpackages) - children)]
+    allowed = declared(trees)
+    for s in sorted(children & set(trees.subpackages)):
+        said = entries[f"autograder/{s}"][1]
+        if said != allowed.get(s):
+            problems.append(f"the map says autograder/{s}/ may import {sorted(said or ())}; "
+                            f"its __init__.py says {sorted(allowed.get(s, ()))}")
+    named = set(re.findall(r"([a-z_]+)/", entries.get("tests", ("",))[0])) | set(trees.subpackages)
+    on_disk = {p.name for p in (root / "tests").iterdir() if p.is_dir() and not p.name.startswith((".", "_"))}
+    problems += [f"the map does not name tests/{d}/" for d in sorted(on_disk - named)]
+    return problems
+
+
 def sandbox_closure(trees: dict[str, ast.Module], script: str, skip=frozenset()) -> set[str]:
     """The modules of the package that `script` imports, directly or not, not following `skip`."""
     seen, todo = {script}, [script]
@@ -336,6 +394,10 @@ def test_the_command_line_interface_alone_knows_every_subpackage():
             todo.append(s)
     assert reached == everything  # every subpackage serves the command line, directly or not
     assert [s for s in everything if graph.get(s, set()) >= everything - {s}] == []
+
+
+def test_the_map_in_the_authoring_page_matches_the_tree():
+    assert map_problems(read_package()) == []
 
 
 def test_no_module_is_over_600_lines():
@@ -400,8 +462,19 @@ def test_the_checks_find_what_they_look_for(tmp_path):
                                                                                       "isolation.runner"}
     assert package_imports(trees["isolation.helper"]) == [1] and package_imports(trees["isolation.worker"]) == []
     assert long_modules(tmp_path) == [f"isolation/runner.py: {MAX_LINES + 2} lines"]
+    page = tmp_path / "map.md"
+    page.write_text(f"{MAP_HEADING}\n\n```text\nlow/   the low part  \u2192 nothing\nnone/  not there\n"
+                    "autograder/  the grader\n  low/   low  \u2192 nothing\n  high/  high, said wrongly  \u2192 low\n"
+                    "                  on two lines\ntests/  a folder per subpackage\n```\n")
+    for folder in ("tests/extra", "autograder/low", "autograder/high"):
+        (tmp_path / folder).mkdir(parents=True)
+    assert repository_map(page)["autograder/high"] == ("high, said wrongly on two lines", {"low"}, [])
+    assert map_problems(trees, page, tmp_path) == [
+        "the map lists none/, which is not a folder", "the map leaves out autograder/isolation/",
+        "the map says autograder/high/ may import ['low']; its __init__.py says ['isolation', 'low']",
+        "the map does not name tests/extra/"]
     (tmp_path / "low" / "__init__.py").write_text('"""Low, with no line."""\n')
-    assert direction_problems(read_package(tmp_path), graph)[0] == "low/__init__.py: no line 'It may import: ...' in its docstring"
+    assert direction_problems(read_package.__wrapped__(tmp_path), graph)[0] == "low/__init__.py: no line 'It may import: ...' in its docstring"
 
 
 def main(argv: list[str]) -> int:

@@ -319,7 +319,7 @@ def next_steps(key: str, where: str = "") -> list[str]:
         f"  2. python -m autograder generate {key}",
         f"  3. write the hidden checks {paths['hidden tests']}",
         f"  4. write the table of typical mistakes {paths['table']}",
-        f"  5. python -m pytest tests/test_chapters.py -k {key}",
+        f"  5. python -m pytest tests/end_to_end/test_chapters.py -k {key}",
         f"  6. python -m autograder mutants {key} --jobs 2   (95 % or more)",
         f"  7. python -m autograder seeds {key} --jobs 2",
         f"  8. write the book page {paths['book page']}, then make book",

@@ -26,7 +26,7 @@ checks may be any exercise's.
 `python -m autograder.authoring.spec_table [KEY ...]` lists what breaks these rules (exit 1 if anything
 does); `python -m autograder generate` writes each exercise's table as
 `book/instructors/spec/KEY.md`, which the page "How strong are the hidden tests?" includes, and
-`tests/test_spec_table.py` holds every exercise to the rules.
+`tests/authoring/test_spec_table.py` holds every exercise to the rules.
 """
 
 from __future__ import annotations

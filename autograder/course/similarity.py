@@ -32,7 +32,7 @@ equal tokens shares a fingerprint, whatever surrounds it, and reordered statemen
 keep their fingerprints. The k-grams of the given code are removed. Two submissions are
 near-duplicates when the Jaccard similarity of their fingerprint sets (shared over all) is at
 least `THRESHOLD`: symmetric, so an answer padded with unrelated code drops below it, and bounded
-by 1 for identical sets. The threshold is calibrated in tests/test_similarity.py: independent
+by 1 for identical sets. The threshold is calibrated in tests/course/test_similarity.py: independent
 implementations of 03_qkv's parts (softmax through exp and sum, through logsumexp, through
 torch.softmax; attention with einsum or matmul) score 0.055-0.088 as whole submissions and at most
 0.23 in one part; the reference against itself with one of the chapter's typical mistakes scores
@@ -69,7 +69,7 @@ from .fingerprints import K, WINDOW, Answers, Exercise, NotCompared, kgrams, win
 
 THRESHOLD = 0.7
 """Jaccard similarity from which two submissions (or one and the reference) are near-duplicates;
-calibrated by tests/test_similarity.py (independent implementations below 0.5, disguised copies
+calibrated by tests/course/test_similarity.py (independent implementations below 0.5, disguised copies
 above 0.8)."""
 MIN_TOKENS = 40
 """Answer tokens (beyond the stubs) that exact matches need to flag a submission: the two one-line masks

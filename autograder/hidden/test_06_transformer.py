@@ -1327,7 +1327,7 @@ SHOWN = CACHED_MISTAKES + ("no_pad", "no_src_mask", "row0_stop", "first_pos", "l
 
 
 def _ref_greedy(reference, ref, src, max_len, sos, eos, pad, mistake=None):
-    """The reference model's greedy decoding, as the chosen model and source must show it (tests/test_hidden_cases.py
+    """The reference model's greedy decoding, as the chosen model and source must show it (tests/hidden/test_hidden_cases.py
     compares it with the tokens `_candidates` derives from its batches), with one typical mistake: of the cached
     decoder, "offset_zero" (every token fed at position 0), "first_cache" (the first step's caches passed at every
     step), "no_cache", "offset_plus_one" (each token fed one position too far);
@@ -1393,7 +1393,7 @@ class _Fast:
     """The reference model (its float64 state dict `sd`, `H` heads), written again here with fewer operations, for
     the model search of the greedy checks alone: packed projections, the memory's keys and values computed once,
     and, for decoding with a cache, rows that each make their own typical mistake in one batch. Its tokens are the
-    reference's but for float rounding (tests/test_hidden_cases.py compares them with `_ref_greedy`), and the
+    reference's but for float rounding (tests/hidden/test_hidden_cases.py compares them with `_ref_greedy`), and the
     model chosen is decoded again with the reference itself."""
 
     def __init__(self, sd, H, norm_first):
@@ -1548,7 +1548,7 @@ def _candidates(reference, sd, H, norm_first, srcs, deltas, B, max_len, sos, eos
     whose hint names "leaky_mask" too where the two agree). The candidates are decoded with `_Fast`: every one right, with the cache; those still
     in, with the mistakes of the cache, the offset and the source mask in one batch, then recomputing the prefix
     under a leaky causal mask. Returns, for each, (source index, delta index, row order, [right tokens, all pad,
-    each mistake's tokens]): tests/test_hidden_cases.py compares them with `_ref_greedy`."""
+    each mistake's tokens]): tests/hidden/test_hidden_cases.py compares them with `_ref_greedy`."""
     K = len(srcs)
     cands = [(k, j) for j in range(len(deltas)) for k in range(K)]
     src_all = torch.cat([srcs[k] for k, _ in cands])

@@ -26,7 +26,7 @@ ones and the learner's logits with the library's. The state dict and the library
 here without importing `transformers` (2.4 CPU seconds, more than the rest of a check): the
 layout of GPT2LMHeadModel's state dict (`_hf_layout`) and its forward pass (`_hf_logits`: GPT-2
 written out in float64, its head tied to the token embedding) are both compared with the pinned
-`transformers` on this module's own cases, for many seeds, by tests/test_gpt.py.
+`transformers` on this module's own cases, for many seeds, by tests/book/test_gpt.py.
 
 Part 4 calls `sample` many times with a generator made in the learner's process and judges the
 draws by their distribution: the support (nothing outside the top-k or the nucleus), and the
@@ -1056,7 +1056,7 @@ OURS = {"ln_1": "ln1", "attn.c_attn": "attn.qkv", "attn.c_proj": "attn.proj", "l
 def _hf_layout(V, n, d, L):
     """The parameters of a GPT2LMHeadModel(vocab_size=V, n_positions=n, n_embd=d, n_layer=L), (name, shape), in
     the order of its `named_parameters()` (the head, tied to the token embedding, is not listed there). Conv1D
-    weights are stored (in, out). tests/test_gpt.py compares this with the pinned `transformers`."""
+    weights are stored (in, out). tests/book/test_gpt.py compares this with the pinned `transformers`."""
     layout = [("transformer.wte.weight", (V, d)), ("transformer.wpe.weight", (n, d))]
     for i in range(L):
         p = f"transformer.h.{i}."
@@ -1094,7 +1094,7 @@ def _hf_case(rng, min_heads=1):
 def _hf_logits(sd, args, ids):
     """GPT2LMHeadModel's logits (B, T, V) for the state dict `sd` and the ids, in float64: GPT-2 written out
     (pre-LN blocks, gelu_new, LayerNorm eps 1e-5, attention scaled by the head size, the head tied to the token
-    embedding). tests/test_gpt.py compares them with the pinned `transformers`' own, on this module's cases."""
+    embedding). tests/book/test_gpt.py compares them with the pinned `transformers`' own, on this module's cases."""
     V, n, d, L, H = args
     ours = {k: v.double() for k, v in {**_expected_params(sd, L), "head.weight": sd["transformer.wte.weight"]}.items()}
     return _gpt(ours, ids, H, L)[0]

@@ -118,7 +118,7 @@ def plain_checks_without_symbolic_shapes() -> None:
     that is a plain `bool`: about 0.35 CPU s, a tenth of a check of exercise 08. For a true `bool` this
     returns at once, as `_check_with` does after that import; anything else (a false condition, which
     raises, or a symbolic one) goes to PyTorch's own function. Run in the worker (`worker.preload`)
-    and on the grader's side (`autograder.grading.grader`); tests/test_device_check.py holds it to PyTorch's."""
+    and on the grader's side (`autograder.grading.grader`); tests/isolation/test_device_check.py holds it to PyTorch's."""
     import torch
 
     original = torch._check_with

@@ -8,7 +8,7 @@ The filter is a classic-BPF program (an array of ``struct sock_filter {u16 code;
 u8 jf; u32 k}``) run by the kernel on every system call against ``struct seccomp_data
 {int nr; u32 arch; u64 instruction_pointer; u64 args[6]}``. It is built here with
 `struct`, from system-call tables hard-coded below (the grader needs no kernel headers,
-nor libseccomp, at run time; `tests/test_sandbox.py` checks the x86_64 table against
+nor libseccomp, at run time; `tests/isolation/test_sandbox.py` checks the x86_64 table against
 ``/usr/include/x86_64-linux-gnu/asm/unistd_64.h`` where that header exists).
 
 What it does, in order:

@@ -19,7 +19,7 @@ seed is derived (``grader.check_seed``), so each seed reported here replays exac
 It is a command of its own rather than ``mutants --seeds N`` because it grades more than
 mutants (the mistake tables), judges a different thing (agreement between seeds, not
 killed or not) and grades in a different way (below). The tables stay where
-``tests/test_chapters.py`` reads them: they are the course's test data, built with the test
+``tests/end_to_end/test_chapters.py`` reads them: they are the course's test data, built with the test
 helpers (``tests/conftest.py``), so this command, a tool for course authors that needs a
 checkout anyway (the masters, the tables), puts ``tests/`` on ``sys.path`` to read them.
 
@@ -89,7 +89,7 @@ def _tests_on_path() -> None:
 
 def table_rows(key: str, names=None) -> list[Item]:
     """The reference ("ref", full marks), the untouched notebook ("stub", zero) and every row of the
-    chapter's table, as graded by tests/test_chapters.py; `names` keeps only those rows."""
+    chapter's table, as graded by tests/end_to_end/test_chapters.py; `names` keeps only those rows."""
     import nbformat
 
     _tests_on_path()

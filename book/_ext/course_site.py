@@ -18,7 +18,7 @@ The learners' release (`python -m autograder release --learners`) builds the boo
 `learners_release`, so a page keeps text that only holds where the hidden tests exist
 (`check()`, the instructors' commands) inside ```{only} not learners_release``` blocks.
 
-Two fixes for the theme, found by tests/test_browser.py: long inline code may break on a
+Two fixes for the theme, found by tests/book/test_browser.py: long inline code may break on a
 phone (static/course.css), and a script that sphinx-thebe adds twice (a console error,
 "THEBE_JS_URL has already been declared") is written once.
 """

@@ -6,7 +6,7 @@ a learner's own kernel, where a cell can set `os.environ["PYTHONPATH"]` before `
 grading process `check()` starts would then run the learner's code and could show full marks where
 `grade` gives 0). Every helper therefore starts with `python -I` and an allow-listed environment
 (`autograder.isolation.processes`). `Poison` builds such an environment for the tests that start each kind of
-helper (tests/test_sandbox.py, test_warm_start.py, test_in_notebook.py, test_gradescope.py,
+helper (tests/isolation/test_sandbox.py, test_warm_start.py, test_in_notebook.py, test_gradescope.py,
 test_adversarial_worker.py); `build` adds to the batch a notebook that sets those variables in a
 cell and then calls `check()`: `grade` gives it the reference's marks.
 """

@@ -2,7 +2,7 @@
 links, FIFOs and other special files, names that are not student ids, two notebooks for one id.
 
 `build(ctx)` creates them under `ctx.subs` beside round one's flat `NAME.ipynb` files (see
-tests/attacks/__init__.py); tests/test_adversarial_folders.py asserts each outcome: graded as
+tests/attacks/__init__.py); tests/end_to_end/test_adversarial_folders.py asserts each outcome: graded as
 itself, or not graded with a reason, never attributed to another learner, nothing written
 outside the output folder.
 """

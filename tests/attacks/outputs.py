@@ -2,7 +2,7 @@
 formulas and HTML, carried by learner text (exception messages, grade ids, file names).
 
 `build(ctx)` adds them to the one batch that `conftest.batch` grades (see tests/attacks/__init__.py);
-tests/test_adversarial_outputs.py asserts what reaches the feedback pages, results, CSV and terminal.
+tests/end_to_end/test_adversarial_outputs.py asserts what reaches the feedback pages, results, CSV and terminal.
 """
 
 from __future__ import annotations

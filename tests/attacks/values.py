@@ -8,7 +8,7 @@ chapter's checks each kind at different places. Whatever comes back, a check may
 hint naming what came back) but never crash in the grader (`grader_error`).
 
 `build` adds this chapter's (03) version to the sandboxed adversarial batch; the test module
-`tests/test_adversarial_values.py` grades every chapter's version.
+`tests/end_to_end/test_adversarial_values.py` grades every chapter's version.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""One table per chapter for the harness in tests/test_chapters.py.
+"""One table per chapter for the harness in tests/end_to_end/test_chapters.py.
 
 Each module `chKEY.py` defines `KEY` and `MISTAKES`: the submissions graded besides the
 reference (full marks) and the untouched notebook (zero), each with the score it must get,

@@ -1,6 +1,6 @@
 """The explorable attention map's HTML, without a browser: what the page embeds and refuses.
 
-tests/test_browser.py drives the same maps in Chromium on the built book.
+tests/book/test_browser.py drives the same maps in Chromium on the built book.
 """
 import base64
 import json

@@ -1,7 +1,7 @@
 """Every sentence of every exercise's spec names the hidden checks that test it (autograder/authoring/spec_table.py).
 
 The tables in book/instructors/hidden-tests.md are generated from the masters, their
-`KEY.spec.toml` files and the hidden tests; `generate --check` (tests/test_generate.py) keeps them
+`KEY.spec.toml` files and the hidden tests; `generate --check` (tests/authoring/test_generate.py) keeps them
 current, and these tests keep them complete: no sentence without a quote, no quote the master no
 longer holds, no check that does not exist.
 """

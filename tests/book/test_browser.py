@@ -23,7 +23,7 @@ from urllib.parse import unquote, urlparse
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SITE = ROOT / "_build" / "html"
 SHOTS = ROOT / "_build" / "screenshots" if os.environ.get("BOOK_SCREENSHOTS", "0") not in ("", "0") else None
 DESKTOP = {"width": 1280, "height": 900}

@@ -10,7 +10,7 @@ import pytest
 
 from solutions.claims import ClaimFailed, claim
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_a_claim_that_holds_says_nothing(monkeypatch):

@@ -69,7 +69,7 @@ def test_forged_replies_cost_the_checks_never_a_grader_error(batch, name):
 
 def test_a_notebook_that_plants_its_environment_before_check_is_graded_as_the_reference(batch):
     """The reference with a cell that sets PYTHONPATH, PYTHONSTARTUP and LD_PRELOAD, then calls check():
-    `grade` gives it the reference's marks (in a learner's kernel, tests/test_in_notebook.py shows the
+    `grade` gives it the reference's marks (in a learner's kernel, tests/learner/test_in_notebook.py shows the
     same for check()), and no note: the check cell runs in the sandbox, which has no copy of the course's
     package, without an error."""
     r = _ok(batch, "env_planted_then_check")

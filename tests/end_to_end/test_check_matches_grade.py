@@ -2,7 +2,7 @@
 
 Each chapter's harness table (tests/chapters/) is graded three ways with one seed: as `grade`
 grades it (sandboxed, with a memory cgroup: the warm start, which grades the same as a fresh
-worker, see tests/test_warm_start.py), as plain `check` does (unsandboxed, the worker
+worker, see tests/isolation/test_warm_start.py), as plain `check` does (unsandboxed, the worker
 process's own memory measured) and as `check --sandbox` does on a machine without a memory
 cgroup (`AUTOGRADER_CGROUP_PARENT=none`, a typical laptop). Every check's points under `check`
 must be at most its points under `grade`, and here, on one machine, equal. Every notebook ends

@@ -17,7 +17,7 @@ from autograder.course.course_config import ConfigError, LatePolicy, load_config
 
 def docs_example() -> str:
     """The ```toml block of book/instructors/grading.md's section "Due dates and late work"."""
-    page = (Path(__file__).resolve().parents[1] / "book" / "instructors" / "grading.md").read_text(encoding="utf-8")
+    page = (Path(__file__).resolve().parents[2] / "book" / "instructors" / "grading.md").read_text(encoding="utf-8")
     section = page.split("## Due dates and late work", 1)[1].split("\n## ", 1)[0]
     blocks = re.findall(r"```toml\n(.*?)```", section, re.S)
     assert len(blocks) == 1, "the section shows the whole schema as one toml block"

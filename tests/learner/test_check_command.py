@@ -2,8 +2,8 @@
 needs, its worker is started before the trusted side imports torch, and an early worker is ended
 whenever the notebook is not graded (refused by the audit, or a sandbox that fails its probe).
 Timings themselves are measured by benchmarks/check_speed.py, not asserted here; the audit's
-checksums and the notebook reader have their own tests (tests/test_checksums.py,
-tests/test_notebook_reader.py)."""
+checksums and the notebook reader have their own tests (tests/core/test_checksums.py,
+tests/core/test_notebook_reader.py)."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ measure); the reference keeps them everywhere.
 
 Each notebook is graded by the real `Grader` on two checks only: a value check (the earlier
 calls, as in a full grading run) and the memory check; the whole 07 harness is graded by
-tests/test_chapters.py.
+tests/end_to_end/test_chapters.py.
 """
 
 from __future__ import annotations

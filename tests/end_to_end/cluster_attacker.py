@@ -1,6 +1,6 @@
-"""Another local user attacks a grading batch's Dask cluster (run by tests/test_adversarial_cluster.py).
+"""Another local user attacks a grading batch's Dask cluster (run by tests/end_to_end/test_adversarial_cluster.py).
 
-Run as `python tests/cluster_attacker.py PLAN_JSON` by root: it imports everything it needs,
+Run as `python tests/end_to_end/cluster_attacker.py PLAN_JSON` by root: it imports everything it needs,
 then drops to uid/gid 65534 with no groups and no capabilities, and only then attacks; so it
 is that user for every connection it makes, even where that user could not read the Python
 installation (an environment under /root, which `setpriv` alone would need). PLAN_JSON is

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from autograder.course import learners_release
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 WORKFLOWS = ROOT / ".github" / "workflows"
 CURRENT = {
     "actions/checkout": 7,

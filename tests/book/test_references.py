@@ -27,7 +27,7 @@ import pytest
 from pybtex.database import parse_file
 from pybtex.richtext import Text
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BIB = ROOT / "references.bib"
 BOOK = ROOT / "book"
 

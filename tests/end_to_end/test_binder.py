@@ -6,7 +6,7 @@ of the default one) and the course, editable. Either can fall behind the course:
 whose hidden checks import a package that the learner's set lacks fails `check` on Binder,
 in Colab and on a learner's laptop. Every third-party module that `check` imports (the
 grader, the hidden checks, the reference modules, the exercise notebooks) must come from a
-package of that set; and Binder pins it as requirements.txt does. tests/test_package.py
+package of that set; and Binder pins it as requirements.txt does. tests/end_to_end/test_package.py
 proves the same by checking notebooks in an environment that holds this set alone.
 """
 import ast
@@ -22,7 +22,7 @@ from packaging.utils import canonicalize_name
 
 from wheel_support import closure, requirements
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BINDER = ROOT / ".binder"
 PIN = re.compile(r"^([A-Za-z0-9_.-]+)==([^\s#]+)")
 # Modules that `check` never imports: grading a cohort (nbgrader's gradebook, dask), and the

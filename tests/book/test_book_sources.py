@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BOOK = ROOT / "book"
 
 CELL_START = re.compile(r"^(`{3,}|:{3,})\{code-cell\}")
@@ -237,7 +237,7 @@ def test_the_execution_cache_exists_before_two_readers_open_it(tmp_path):
     import subprocess
     import sys
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "book" / "_ext"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "book" / "_ext"))
     from build_book import ready_cache
 
     ready_cache(tmp_path)

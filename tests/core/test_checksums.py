@@ -2,7 +2,7 @@
 
 `check` audits a learner's cells (a locked cell edited, a grade cell forged) with its own
 `cell_checksum`, so that a learner's self-check loads neither nbgrader nor nbformat (see
-tests/test_check_command.py). These tests hold that checksum to nbgrader's `compute_checksum`
+tests/learner/test_check_command.py). These tests hold that checksum to nbgrader's `compute_checksum`
 for every generated cell and for odd metadata, and the audit to what it must report.
 """
 
