@@ -56,14 +56,14 @@ screenshots: install book
 	BOOK_SCREENSHOTS=1 $(PY) -m pytest tests/test_browser.py -q
 
 # Chapter 08's models, retrained from scratch (about 15 minutes of 2 idle cores: the Transformer on one, the GRUs on the other),
-# their weights and manifest written to solutions/g2p_weights/. The book loads them while the
-# manifest matches the code and the data; `python -m solutions.g2p_experiment check` says whether it does.
+# their weights and manifest written to coursebook/g2p_weights/. The book loads them while the
+# manifest matches the code and the data; `python -m coursebook.g2p_experiment check` says whether it does.
 # Then chapter 09's GPT (about 10 minutes of one idle core, alone: its training time is a target), kept in
-# solutions/gpt_weights/ under the same rule (`python -m solutions.gpt_experiment check`).
+# coursebook/gpt_weights/ under the same rule (`python -m coursebook.gpt_experiment check`).
 train: install
-	$(PY) -m solutions.g2p_experiment train --kinds gru,attention & rnn=$$!; \
-	$(PY) -m solutions.g2p_experiment train --kinds transformer && wait $$rnn
-	$(PY) -m solutions.gpt_experiment train
+	$(PY) -m coursebook.g2p_experiment train --kinds gru,attention & rnn=$$!; \
+	$(PY) -m coursebook.g2p_experiment train --kinds transformer && wait $$rnn
+	$(PY) -m coursebook.gpt_experiment train
 
 generate: install
 	$(PY) -m autograder generate

@@ -11,7 +11,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Rectangle
 
-from solutions.figures_seq2seq import canvas
+from coursebook.figures_seq2seq import canvas
 
 __all__ = ["encoder_decoder", "decoder_layer_shapes", "kv_cache_growth"]
 
