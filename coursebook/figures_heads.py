@@ -1,41 +1,33 @@
 """Diagram for chapter 05: splitting the model width into heads and merging it back.
 
-Hand-drawn with matplotlib when the book builds, so the book keeps no image file. The
-cells carry the labels the chapter's code uses, entry ``10 t + j`` for token t's
-feature j, so the picture and the printed tensors can be read side by side.
+Hand-drawn with matplotlib when the book builds (the primitives of ``drawing``), so the book
+keeps no image file. The cells carry the labels the chapter's code uses, entry ``10 t + j``
+for token t's feature j, so the picture and the printed tensors can be read side by side.
 """
 
 from __future__ import annotations
 
-import matplotlib.pyplot as plt
-from matplotlib.patches import FancyArrowPatch, Rectangle
+from .drawing import ATT, CTX, DEC, ENC, arrow, canvas, cell_grid, label
 
-HEAD_COLOURS = ("#cfe2f3", "#fce5cd", "#d9ead3", "#ead1dc")
+HEAD_COLOURS = (ENC, DEC, CTX, ATT)
 
 
-def draw_grid(ax, left, top, labels, colours, title):
-    """Draw a table of cells whose top-left corner is (left, top); one unit per cell."""
-    n_rows, n_cols = len(labels), len(labels[0])
-    for r in range(n_rows):
-        for c in range(n_cols):
-            ax.add_patch(Rectangle((left + c, top - r - 1), 1, 1, facecolor=colours[r][c],
-                                   edgecolor="0.35", lw=0.8))
-            ax.text(left + c + 0.5, top - r - 0.5, labels[r][c], ha="center", va="center", fontsize=8)
-    ax.text(left + n_cols / 2, top + 0.35, title, ha="center", va="bottom", fontsize=9)
+def draw_table(ax, left, top, labels, colours, title):
+    """A table of labelled cells whose top-left corner is (left, top), its title above it."""
+    cell_grid(ax, left, top, colours, labels, edge="0.35")
+    label(ax, left + len(labels[0]) / 2, top + 0.35, title, va="bottom")
 
 
 def draw_row_names(ax, left, top, n_rows):
-    """Name the rows of a grid by token, to its left."""
+    """Name the rows of a table by token, to its left."""
     for r in range(n_rows):
-        ax.text(left - 0.2, top - r - 0.5, f"token {r}", ha="right", va="center", fontsize=7,
-                color="0.3")
+        label(ax, left - 0.2, top - r - 0.5, f"token {r}", fontsize=7, ha="right", color="0.3")
 
 
 def draw_step(ax, start, end, text):
-    """An arrow between two grids, with the code that performs the step above it."""
-    ax.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=12, color="0.2", lw=1.3))
-    ax.text((start[0] + end[0]) / 2, start[1] + 0.3, text, ha="center", va="bottom", fontsize=7.5,
-            family="monospace")
+    """An arrow between two tables, with the code that performs the step above it."""
+    arrow(ax, start, end, color="0.2", lw=1.3, head=12, shrink=2)
+    label(ax, (start[0] + end[0]) / 2, start[1] + 0.3, text, fontsize=7.5, va="bottom", family="monospace")
 
 
 def split_and_merge_heads(n_tokens=3, d_model=8, n_heads=2):
@@ -60,27 +52,22 @@ def split_and_merge_heads(n_tokens=3, d_model=8, n_heads=2):
     x_range = (-2.0, merged_left + d_model + 0.2)
     y_range = (-height - 0.8, 1.1)
     width = 9.5
-    fig, ax = plt.subplots(figsize=(width, width * (y_range[1] - y_range[0]) / (x_range[1] - x_range[0])))
-    ax.set_xlim(*x_range)
-    ax.set_ylim(*y_range)
-    ax.set_aspect("equal")
-    ax.axis("off")
+    fig, ax = canvas(width, width * (y_range[1] - y_range[0]) / (x_range[1] - x_range[0]), x_range, y_range)
 
     top = -(height - n_tokens) / 2                 # the two (T, D) tables, centred vertically
-    draw_grid(ax, 0, top, labels, colours, "x: (B, T, D)")
+    draw_table(ax, 0, top, labels, colours, "x: (B, T, D)")
     draw_row_names(ax, 0, top, n_tokens)
     for h in range(n_heads):
         block = slice(h * d_head, (h + 1) * d_head)
-        draw_grid(ax, heads_left, -h * head_pitch, [row[block] for row in labels],
-                  [row[block] for row in colours], f"head {h}: (T, d_head)")
-    draw_grid(ax, merged_left, top, labels, colours, "merged: (B, T, D)")
+        draw_table(ax, heads_left, -h * head_pitch, [row[block] for row in labels],
+                   [row[block] for row in colours], f"head {h}: (T, d_head)")
+    draw_table(ax, merged_left, top, labels, colours, "merged: (B, T, D)")
 
     middle = top - n_tokens / 2
     draw_step(ax, (d_model + 0.3, middle), (heads_left - 0.3, middle),
               "view(B, T, H, d_head)\n.transpose(1, 2)")
     draw_step(ax, (heads_left + d_head + 0.3, middle), (merged_left - 0.3, middle),
               "transpose(1, 2)\n.reshape(B, T, D)")
-    ax.text(heads_left + d_head / 2, -height - 0.45, "(B, H, T, d_head)", ha="center", va="center",
-            fontsize=8, color="0.3")
+    label(ax, heads_left + d_head / 2, -height - 0.45, "(B, H, T, d_head)", fontsize=8, color="0.3")
     fig.subplots_adjust(left=0.01, right=0.99, bottom=0.01, top=0.99)
     return fig

@@ -3,15 +3,15 @@
 Three pictures the prose would otherwise have to carry in words: the encoder-decoder as a
 whole, one decoder layer with the shape of every tensor that flows through it, and the
 KV cache growing by one key and one value per generated token. Each function returns a
-matplotlib figure; the page shows it, so the book keeps no image files.
+matplotlib figure; the page shows it, so the book keeps no image files. The boxes, arrows and
+labels are the primitives of ``drawing``.
 """
 
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
-from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Rectangle
 
-from coursebook.figures_seq2seq import canvas
+from .drawing import arrow, box, canvas, label, patch_legend
 
 __all__ = ["encoder_decoder", "decoder_layer_shapes", "kv_cache_growth"]
 
@@ -26,41 +26,29 @@ FRAME = "#f3f3f3"
 SHAPE = "#444444"
 
 
-def _block(ax, x, y, w, h, text, color, fontsize=10, edge="black", lw=0.9):
-    """A rounded box centred on (x, y) with its label; returns (bottom, top) y."""
-    ax.add_patch(FancyBboxPatch((x - w / 2, y - h / 2), w, h, facecolor=color, edgecolor=edge, lw=lw,
-                                boxstyle="round,pad=0.0,rounding_size=0.08"))
-    ax.text(x, y, text, ha="center", va="center", fontsize=fontsize)
-    return y - h / 2, y + h / 2
-
-
-def _link(ax, start, end, color="black", lw=1.1, ls="-", rad=0.0):
-    """An arrow from start to end that touches both points."""
-    ax.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=9, color=color, lw=lw, ls=ls,
-                                 shrinkA=0, shrinkB=0, connectionstyle=f"arc3,rad={rad}"))
+# A part of the model: a rounded box whose arrows touch its edges.
+PART = dict(lw=0.9, rounding=0.08, pad=0.0)
+LINK = dict(lw=1.1, head=9)
 
 
 def _skip(ax, x_main, y_branch, x_side, y_to, x_into, color="#666666"):
     """A residual path: leaves the main line at y_branch, runs up at x_side, enters a box at y_to."""
     ax.plot([x_main, x_side, x_side], [y_branch, y_branch, y_to], color=color, lw=1.0)
     ax.plot([x_main], [y_branch], "o", color=color, ms=3)
-    _link(ax, (x_side, y_to), (x_into, y_to), color=color, lw=1.0)
+    arrow(ax, (x_side, y_to), (x_into, y_to), **{**LINK, "color": color, "lw": 1.0})
 
 
-def _sublayer(ax, x, y, w, label, color, x_side, y_from):
+def _sublayer(ax, x, y, w, text, color, x_side, y_from):
     """A sublayer box with its Add & Norm above it and the residual path around both.
 
     y_from is the top of whatever feeds the sublayer; returns the top of the Add & Norm.
     """
-    bottom, top = _block(ax, x, y, w, 0.55, label, color)
-    _link(ax, (x, y_from), (x, bottom))
-    norm_y = top + 0.45
-    norm_w = w * 0.62
-    nb, nt = _block(ax, x, norm_y, norm_w, 0.38, "Add & Norm", NORM, fontsize=9)
-    _link(ax, (x, top), (x, nb))
-    side = norm_w / 2 if x_side > x else -norm_w / 2
-    _skip(ax, x, (y_from + bottom) / 2, x_side, norm_y, x + side)
-    return nt
+    part = box(ax, x, y, w, 0.55, text, color, **PART)
+    arrow(ax, (x, y_from), (x, part.bottom), **LINK)
+    norm = box(ax, x, part.top + 0.45, w * 0.62, 0.38, "Add & Norm", NORM, fontsize=9, **PART)
+    arrow(ax, (x, part.top), (x, norm.bottom), **LINK)
+    _skip(ax, x, (y_from + part.bottom) / 2, x_side, norm.y, norm.right if x_side > x else norm.left)
+    return norm.top
 
 
 def encoder_decoder():
@@ -69,36 +57,33 @@ def encoder_decoder():
     enc_x, dec_x, w = 2.0, 6.5, 3.0
 
     # Inputs, embeddings and positions.
-    _block(ax, enc_x, 0.0, w, 0.5, "src (B, S): source tokens", PLAIN, fontsize=9)
-    _block(ax, dec_x, 0.0, w + 0.4, 0.6, "tgt_in (B, T): the target\nshifted right, SOS y1 ... y(T-1)", PLAIN,
-           fontsize=9)
+    box(ax, enc_x, 0.0, w, 0.5, "src (B, S): source tokens", PLAIN, fontsize=9, **PART)
+    box(ax, dec_x, 0.0, w + 0.4, 0.6, "tgt_in (B, T): the target\nshifted right, SOS y1 ... y(T-1)", PLAIN,
+        fontsize=9, **PART)
     for x, name in ((enc_x, "src_embed"), (dec_x, "tgt_embed")):
-        _block(ax, x, 1.05, w, 0.5, f"{name} x $\\sqrt{{D}}$", EMBED, fontsize=9)
-        _link(ax, (x, 0.28), (x, 0.8))
+        box(ax, x, 1.05, w, 0.5, f"{name} x $\\sqrt{{D}}$", EMBED, fontsize=9, **PART)
+        arrow(ax, (x, 0.28), (x, 0.8), **LINK)
         ax.add_patch(plt.Circle((x, 1.85), 0.2, facecolor=PLAIN, edgecolor="black", lw=0.9))
-        ax.text(x, 1.85, "+", ha="center", va="center", fontsize=11)
-        _link(ax, (x, 1.3), (x, 1.65))
-        ax.text(x + 0.3, 1.85, "positions", ha="left", va="center", fontsize=9)
-    ax.text(enc_x, -0.75, "encoder: reads the whole\nsource at once", ha="center", va="center", fontsize=9)
-    ax.text(dec_x, -0.75, "decoder: each position reads the\ntokens before it and the memory", ha="center",
-            va="center", fontsize=9)
+        label(ax, x, 1.85, "+", fontsize=11)
+        arrow(ax, (x, 1.3), (x, 1.65), **LINK)
+        label(ax, x + 0.3, 1.85, "positions", ha="left")
+    label(ax, enc_x, -0.75, "encoder: reads the whole\nsource at once")
+    label(ax, dec_x, -0.75, "decoder: each position reads the\ntokens before it and the memory")
 
     # Encoder layer, repeated N times.
-    ax.add_patch(FancyBboxPatch((enc_x - w / 2 - 0.35, 2.3), w + 0.7, 3.6, facecolor=FRAME, edgecolor="#999999",
-                                boxstyle="round,pad=0.0,rounding_size=0.15", lw=0.9))
-    ax.text(enc_x - w / 2 - 0.45, 4.1, "N x", ha="right", va="center", fontsize=10, weight="bold")
-    ax.text(enc_x, 5.7, "encoder layer", ha="center", va="center", fontsize=9, style="italic")
+    box(ax, enc_x, 2.3 + 3.6 / 2, w + 0.7, 3.6, color=FRAME, edge="#999999", lw=0.9, rounding=0.15, pad=0.0)
+    label(ax, enc_x - w / 2 - 0.45, 4.1, "N x", fontsize=10, ha="right", weight="bold")
+    label(ax, enc_x, 5.7, "encoder layer", style="italic")
     top = _sublayer(ax, enc_x, 2.95, w, "multi-head self-attention\n(every source token)", ATTN,
                     enc_x - w / 2 - 0.18, 2.05)
     top = _sublayer(ax, enc_x, 4.35, w * 0.8, "feed-forward", FFN, enc_x - w / 2 - 0.18, top)
-    _block(ax, enc_x, 6.5, w, 0.5, "memory  (B, S, D)", PLAIN, fontsize=9)
-    _link(ax, (enc_x, top), (enc_x, 6.25))
+    box(ax, enc_x, 6.5, w, 0.5, "memory  (B, S, D)", PLAIN, fontsize=9, **PART)
+    arrow(ax, (enc_x, top), (enc_x, 6.25), **LINK)
 
     # Decoder layer, repeated N times.
-    ax.add_patch(FancyBboxPatch((dec_x - w / 2 - 0.35, 2.3), w + 0.7, 5.0, facecolor=FRAME, edgecolor="#999999",
-                                boxstyle="round,pad=0.0,rounding_size=0.15", lw=0.9))
-    ax.text(dec_x + w / 2 + 0.45, 4.8, "x N", ha="left", va="center", fontsize=10, weight="bold")
-    ax.text(dec_x, 7.1, "decoder layer", ha="center", va="center", fontsize=9, style="italic")
+    box(ax, dec_x, 2.3 + 5.0 / 2, w + 0.7, 5.0, color=FRAME, edge="#999999", lw=0.9, rounding=0.15, pad=0.0)
+    label(ax, dec_x + w / 2 + 0.45, 4.8, "x N", fontsize=10, ha="left", weight="bold")
+    label(ax, dec_x, 7.1, "decoder layer", style="italic")
     top = _sublayer(ax, dec_x, 2.95, w, "masked multi-head\nself-attention (causal)", ATTN,
                     dec_x + w / 2 + 0.18, 2.05)
     cross_y = top + 0.5
@@ -107,16 +92,17 @@ def encoder_decoder():
     top = _sublayer(ax, dec_x, top + 0.5, w * 0.8, "feed-forward", FFN, dec_x + w / 2 + 0.18, top)
 
     # The memory enters every decoder layer's cross-attention.
-    _link(ax, (enc_x + w / 2, 6.5), (dec_x - w / 2, cross_y), color="tab:purple", lw=1.4, rad=-0.3)
-    ax.text((enc_x + dec_x) / 2, 6.25, "K, V", ha="center", fontsize=9, color="tab:purple")
+    arrow(ax, (enc_x + w / 2, 6.5), (dec_x - w / 2, cross_y), **{**LINK, "color": "tab:purple", "lw": 1.4},
+          rad=-0.3)
+    label(ax, (enc_x + dec_x) / 2, 6.25, "K, V", va="baseline", color="tab:purple")
 
     # Output layer.
-    _block(ax, dec_x, 7.95, w, 0.45, "linear (out): D to V", EMBED, fontsize=9)
-    _link(ax, (dec_x, top), (dec_x, 7.725))
-    _block(ax, dec_x, 8.75, w, 0.45, "softmax", PLAIN, fontsize=9)
-    _link(ax, (dec_x, 8.175), (dec_x, 8.525))
-    _block(ax, dec_x, 9.6, w, 0.6, "next-token probabilities\n(B, T, V)", PLAIN, fontsize=9)
-    _link(ax, (dec_x, 8.975), (dec_x, 9.3))
+    box(ax, dec_x, 7.95, w, 0.45, "linear (out): D to V", EMBED, fontsize=9, **PART)
+    arrow(ax, (dec_x, top), (dec_x, 7.725), **LINK)
+    box(ax, dec_x, 8.75, w, 0.45, "softmax", PLAIN, fontsize=9, **PART)
+    arrow(ax, (dec_x, 8.175), (dec_x, 8.525), **LINK)
+    box(ax, dec_x, 9.6, w, 0.6, "next-token probabilities\n(B, T, V)", PLAIN, fontsize=9, **PART)
+    arrow(ax, (dec_x, 8.975), (dec_x, 9.3), **LINK)
     fig.tight_layout()
     return fig
 
@@ -141,29 +127,29 @@ def decoder_layer_shapes():
         (11.2, "linear2", FFN, "(B, T, D)"),
         (12.1, "add, norm3: the layer's output", NORM, "(B, T, D)"),
     ]
-    for (y, label, color, shape), nxt in zip(steps, steps[1:] + [None]):
-        _block(ax, x, y, w, 0.55 if "\n" not in label else 0.75, label, color, fontsize=9)
-        ax.text(sx, y, shape, ha="left", va="center", fontsize=9, family="monospace", color=SHAPE)
+    parts = [box(ax, x, y, w, 0.55 if "\n" not in text else 0.75, text, color, fontsize=9, **PART)
+             for y, text, color, _ in steps]
+    for part, nxt, (y, _, _, shape) in zip(parts, parts[1:] + [None], steps):
+        label(ax, sx, y, shape, ha="left", family="monospace", color=SHAPE)
         if nxt is not None:
-            gap = 0.375 if "\n" in label else 0.275
-            _link(ax, (x, y + gap), (x, nxt[0] - (0.375 if "\n" in nxt[1] else 0.275)))
+            arrow(ax, (x, part.top), (x, nxt.bottom), **LINK)
     # The three sublayers, each closed by its residual addition and LayerNorm.
     for y0, y1, name in ((0.75, 5.35, "masked self-attention"), (5.65, 9.4, "cross-attention"),
                          (9.75, 12.45, "feed-forward")):
-        ax.add_patch(Rectangle((x - w / 2 - 0.45, y0), w + 0.6, y1 - y0, facecolor="none", edgecolor="#999999",
-                               ls="--", lw=0.8))
-        ax.text(x - w / 2 - 0.55, (y0 + y1) / 2, name, rotation=90, ha="right", va="center", fontsize=9,
-                style="italic")
+        box(ax, x - w / 2 - 0.45, y0, w + 0.6, y1 - y0, color=None, edge="#999999", ls="--", lw=0.8, rounding=None,
+            corner=True)
+        label(ax, x - w / 2 - 0.55, (y0 + y1) / 2, name, rotation=90, ha="right", style="italic")
     # Residual paths, on the left: each sublayer's input is added to its output.
     xl = x - w / 2 - 0.22
     for y_from, y_to in ((0.55, 5.0), (5.5, 9.1), (9.6, 12.1)):
         _skip(ax, x, y_from, xl, y_to, x - w / 2)
-    ax.text(xl - 0.05, 0.55, "residual", ha="right", va="center", fontsize=8, color="#666666")
+    label(ax, xl - 0.05, 0.55, "residual", fontsize=8, ha="right", color="#666666")
     # The memory, an input of the cross-attention only.
-    _block(ax, 7.85, 4.6, 2.9, 0.7, "memory from\nthe encoder (B, S, D)", PLAIN, fontsize=9)
-    _link(ax, (7.85, 4.95), (x + w / 2 - 0.4, 6.1 - 0.275), color="tab:purple", lw=1.2, rad=0.15)
-    ax.text(x, 13.3, "masks: tgt_mask (B, 1, T, T), causal and padding;\n"
-            "src_mask (B, 1, 1, S), the source's padding", ha="center", fontsize=9)
+    memory = box(ax, 7.85, 4.6, 2.9, 0.7, "memory from\nthe encoder (B, S, D)", PLAIN, fontsize=9, **PART)
+    arrow(ax, (memory.x, memory.top), (x + w / 2 - 0.4, parts[6].bottom), **{**LINK, "color": "tab:purple", "lw": 1.2},
+          rad=0.15)
+    label(ax, x, 13.3, "masks: tgt_mask (B, 1, T, T), causal and padding;\n"
+          "src_mask (B, 1, 1, S), the source's padding", va="baseline")
     fig.tight_layout()
     return fig
 
@@ -174,30 +160,27 @@ def kv_cache_growth(tokens=("SOS", "7", "11", "7"), n_layers=2):
     x_range, y_range = (-2.4, n * 0.8 + 3.2), (-1.25 * n + 0.1, 1.2)
     fig, ax = canvas(6.6, 6.6 * (y_range[1] - y_range[0]) / (x_range[1] - x_range[0]) + 0.4, x_range, y_range)
     cell = 0.7
-    ax.text(-2.3, 0.85, "step t: input", ha="left", fontsize=9, weight="bold")
-    ax.text(0.0, 0.85, "cached keys (top) and values (bottom) of one layer", ha="left", fontsize=9,
-            weight="bold")
+    label(ax, -2.3, 0.85, "step t: input", ha="left", va="baseline", weight="bold")
+    label(ax, 0.0, 0.85, "cached keys (top) and values (bottom) of one layer", ha="left", va="baseline",
+          weight="bold")
     for t, tok in enumerate(tokens):
         y = -1.25 * t
-        ax.text(-2.3, y, f"t = {t}:", ha="left", va="center", fontsize=9)
-        _block(ax, -0.95, y, 0.9, 0.5, tok, PLAIN, fontsize=9)
+        label(ax, -2.3, y, f"t = {t}:", ha="left")
+        box(ax, -0.95, y, 0.9, 0.5, tok, PLAIN, fontsize=9, **PART)
         for j in range(t + 1):
-            new = j == t
-            face = "#f6b26b" if new else "#d9d9d9"
+            face = "#f6b26b" if j == t else "#d9d9d9"
             for row, letter in ((0.21, "k"), (-0.21, "v")):
-                ax.add_patch(Rectangle((j * 0.8 + 0.05, y + row - cell * 0.28), cell, cell * 0.56,
-                                       facecolor=face, edgecolor="black", lw=0.7))
-                ax.text(j * 0.8 + 0.05 + cell / 2, y + row, f"{letter}{j}", ha="center", va="center", fontsize=8)
-        _link(ax, (-0.5, y), (0.02, y), lw=0.9)
+                box(ax, j * 0.8 + 0.05 + cell / 2, y + row, cell, cell * 0.56, f"{letter}{j}", face, lw=0.7,
+                    rounding=None, fontsize=8)
+        arrow(ax, (-0.5, y), (0.02, y), **{**LINK, "lw": 0.9})
         right = (t + 1) * 0.8 + 0.25
-        ax.text(right, y + 0.14, f"cache (B, H, {t + 1}, d_head)", ha="left", va="center", fontsize=8,
-                family="monospace", color=SHAPE)
-        ax.text(right, y - 0.2, f"1 query attends to {t + 1} key{'s' if t else ''}", ha="left", va="center",
-                fontsize=8, color=SHAPE)
-    handles = [Rectangle((0, 0), 1, 1, facecolor="#f6b26b", edgecolor="black"),
-               Rectangle((0, 0), 1, 1, facecolor="#d9d9d9", edgecolor="black")]
-    ax.legend(handles, ["computed at this step (the new token only)", "read back from the cache"],
-              loc="lower left", bbox_to_anchor=(0.0, -0.02), fontsize=8, frameon=False, ncol=2)
+        label(ax, right, y + 0.14, f"cache (B, H, {t + 1}, d_head)", fontsize=8, ha="left", family="monospace",
+              color=SHAPE)
+        label(ax, right, y - 0.2, f"1 query attends to {t + 1} key{'s' if t else ''}", fontsize=8, ha="left",
+              color=SHAPE)
+    patch_legend(ax, [("computed at this step (the new token only)", dict(facecolor="#f6b26b", edgecolor="black")),
+                      ("read back from the cache", dict(facecolor="#d9d9d9", edgecolor="black"))],
+                 loc="lower left", bbox_to_anchor=(0.0, -0.02), fontsize=8, ncol=2)
     ax.set_title(f"Each of the {n_layers} decoder layers keeps such a cache", fontsize=9)
     fig.tight_layout()
     return fig
