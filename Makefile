@@ -24,7 +24,7 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 # a fresh clone, and each of the suite's hundreds of processes (grading runs, kernels, checks)
 # compiled the course's modules again, about 0.2 CPU seconds a grading process. Compile them once.
 bytecode: install
-	$(PY) -m compileall -q -j 2 autograder solutions tests benchmarks book/_ext >/dev/null
+	$(PY) -m compileall -q -j 2 autograder solutions coursebook tests benchmarks book/_ext >/dev/null
 
 # jupyter-book's build, with two pages executing at once (book/_ext/build_book.py; BOOK_JOBS=1 builds
 # one page at a time, as plain `jupyter-book build . -W -n --keep-going` does).
