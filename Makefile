@@ -24,7 +24,7 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 # a fresh clone, and each of the suite's hundreds of processes (grading runs, kernels, checks)
 # compiled the course's modules again, about 0.2 CPU seconds a grading process. Compile them once.
 bytecode: install
-	$(PY) -m compileall -q -j 2 autograder solutions tests benchmarks book/_ext >/dev/null
+	$(PY) -m compileall -q -j 2 autograder solutions coursebook tests benchmarks book/_ext >/dev/null
 
 # jupyter-book's build, with two pages executing at once (book/_ext/build_book.py; BOOK_JOBS=1 builds
 # one page at a time, as plain `jupyter-book build . -W -n --keep-going` does).
@@ -56,14 +56,14 @@ screenshots: install book
 	BOOK_SCREENSHOTS=1 $(PY) -m pytest tests/book/test_browser.py -q
 
 # Chapter 08's models, retrained from scratch (about 15 minutes of 2 idle cores: the Transformer on one, the GRUs on the other),
-# their weights and manifest written to solutions/g2p_weights/. The book loads them while the
-# manifest matches the code and the data; `python -m solutions.g2p_experiment check` says whether it does.
+# their weights and manifest written to coursebook/g2p_weights/. The book loads them while the
+# manifest matches the code and the data; `python -m coursebook.g2p_experiment check` says whether it does.
 # Then chapter 09's GPT (about 10 minutes of one idle core, alone: its training time is a target), kept in
-# solutions/gpt_weights/ under the same rule (`python -m solutions.gpt_experiment check`).
+# coursebook/gpt_weights/ under the same rule (`python -m coursebook.gpt_experiment check`).
 train: install
-	$(PY) -m solutions.g2p_experiment train --kinds gru,attention & rnn=$$!; \
-	$(PY) -m solutions.g2p_experiment train --kinds transformer && wait $$rnn
-	$(PY) -m solutions.gpt_experiment train
+	$(PY) -m coursebook.g2p_experiment train --kinds gru,attention & rnn=$$!; \
+	$(PY) -m coursebook.g2p_experiment train --kinds transformer && wait $$rnn
+	$(PY) -m coursebook.gpt_experiment train
 
 generate: install
 	$(PY) -m autograder generate

@@ -1,7 +1,7 @@
 """How far each claim of the book is from failing: every page rerun under several seeds.
 
 The book checks what its prose says about trained and measured results with
-``solutions.claims.claim(name, value, op, threshold)``. A threshold set just under one
+``coursebook.claims.claim(name, value, op, threshold)``. A threshold set just under one
 machine's value fails on the next machine, whose floating-point training takes another
 path, or whose timings differ. This script measures each claim's spread instead: it
 executes each chapter page as the build does (a Jupyter kernel, the page's folder as
@@ -36,9 +36,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from solutions.claims import machine, margin
-
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from coursebook.claims import machine, margin  # noqa: E402
+
 BOOK = ROOT / "book"
 SEED_STEP = 1000
 
@@ -50,7 +51,7 @@ import pathlib as _pathlib
 import random as _random
 import numpy as _np
 import torch as _torch
-import solutions.seq2seq_experiment as _experiment
+import coursebook.seq2seq_experiment as _experiment
 
 _OFFSET = {offset}
 _experiment.CACHE_DIR = _pathlib.Path({cache!r})
@@ -110,6 +111,8 @@ def run_page(page: Path, seed: int, timeout: int) -> dict:
 def _child(args) -> int:
     """One (page, seed) run in a process of its own, so that runs cannot share state."""
     os.environ["COURSE_CLAIMS_LOG"] = args.log
+    # The kernel runs in the page's folder: it finds coursebook/ (not installed) as the build's do.
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     result = run_page(Path(args.page), args.seed, args.timeout)
     print(json.dumps(result))
     return 0

@@ -4,7 +4,7 @@ what their training cost.
 Usage: OMP_NUM_THREADS=1 python benchmarks/g2p_bench.py [--kinds gru,attention,transformer]
        [--retrain] [--budget full|small] [--beam 5] [--alpha 1.0]
 
-Without --retrain it scores the kept weights (solutions/g2p_weights/, trained by `make train`)
+Without --retrain it scores the kept weights (coursebook/g2p_weights/, trained by `make train`)
 and reports the training wall time their manifest recorded; with --retrain it trains each
 model from scratch first, on one CPU thread, and reports the time it took here. For each
 model it prints the test phoneme and word error rates (PER, WER) with greedy decoding and
@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from solutions import g2p_data, g2p_experiment  # noqa: E402
+from coursebook import g2p_data, g2p_experiment  # noqa: E402
 
 TARGETS = {"wer": 0.30, "per": 0.08, "minutes": 15.0}
 

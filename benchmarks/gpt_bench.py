@@ -4,8 +4,8 @@ our byte-level BPE beside the `tokenizers` library's.
 Usage: OMP_NUM_THREADS=1 python benchmarks/gpt_bench.py [--retrain] [--budget full|small]
        [--new-tokens 256] [--skip model,cache,bpe]
 
-(a) Bits per byte on the held-out text (solutions/gpt_data.py's test documents): the kept model
-    (solutions/gpt_weights/, trained by `make train`; with --retrain, trained here first) beside
+(a) Bits per byte on the held-out text (coursebook/gpt_data.py's test documents): the kept model
+    (coursebook/gpt_weights/, trained by `make train`; with --retrain, trained here first) beside
     gzip -9, bzip2 -9 and xz -9e, each conditional on the training text:
     8 (|C(train + test)| - |C(train)|) / |test|. Target on the 2-core machine: below gzip -9
     within 10 minutes of training (the CPU time of the one training thread, as chapter 08's
@@ -30,8 +30,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from solutions import gpt_analysis as analysis  # noqa: E402
-from solutions import gpt_data, gpt_experiment  # noqa: E402
+from coursebook import gpt_analysis as analysis  # noqa: E402
+from coursebook import gpt_data, gpt_experiment  # noqa: E402
 from solutions.ch09_gpt import GPT, encode, generate, train_bpe  # noqa: E402
 
 TARGETS = {"minutes": 10.0, "speedup": 5.0, "bpe_gap": 0.02}

@@ -42,6 +42,10 @@ TEMPLATE_ONLY = {"isolation.warm_server"}  # reached from worker.py only in its 
 # (module, name). They are to be made public where they are defined; any other use fails.
 KNOWN_PRIVATE_USES: set = set()  # none today
 MAY_IMPORT = re.compile(r"^It may import: (.*)\.\s*$", re.M)
+# The course's own packages: what the wheel installs (autograder, solutions) and what the book runs
+# from the checkout (coursebook). The grader may import the reference modules and nothing of the book's.
+COURSE_PACKAGES = ("autograder", "solutions", "coursebook")
+GRADER_MAY_IMPORT = {"solutions"}
 
 
 def is_private(name: str) -> bool:
@@ -327,10 +331,22 @@ def repository_map(page: Path = MAP_PAGE) -> dict[str, tuple[str, set[str] | Non
     return {name: (e[0], e[1], e[2]) for name, e in entries.items()}
 
 
+def course_imports(folder: Path) -> set[str]:
+    """The course's packages (COURSE_PACKAGES) that the modules under `folder` import."""
+    found = set()
+    for path in folder.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            found |= {n.split(".")[0] for n in names} & set(COURSE_PACKAGES)
+    return found
+
+
 def map_problems(trees: Package, page: Path = MAP_PAGE, root: Path = COURSE) -> list[str]:
     """Where the repository map disagrees with the tree: a folder it lists that is not there, a
     top-level folder or a subpackage it leaves out, a subpackage whose arrow differs from its
-    `__init__.py`, a test folder it does not name."""
+    `__init__.py`, a package of the course that imports another against its arrow (the grader:
+    anything but `solutions`), a test folder it does not name."""
     entries = repository_map(page)
     problems = [f"the map lists {name}/, which is not a folder" for name in entries
                 if not (root / name).exists()]
@@ -345,6 +361,11 @@ def map_problems(trees: Package, page: Path = MAP_PAGE, root: Path = COURSE) -> 
         if said != allowed.get(s):
             problems.append(f"the map says autograder/{s}/ may import {sorted(said or ())}; "
                             f"its __init__.py says {sorted(allowed.get(s, ()))}")
+    for package in COURSE_PACKAGES:
+        said = GRADER_MAY_IMPORT if package == "autograder" else entries.get(package, ("", None))[1]
+        wrong = sorted(n for n in course_imports(root / package) - {package} if n not in (said or set()))
+        if wrong:
+            problems.append(f"{package}/ imports {', '.join(wrong)}; it may import {sorted(said or ()) or 'nothing'}")
     named = set(re.findall(r"([a-z_]+)/", entries.get("tests", ("",))[0])) | set(trees.subpackages)
     on_disk = {p.name for p in (root / "tests").iterdir() if p.is_dir() and not p.name.startswith((".", "_"))}
     problems += [f"the map does not name tests/{d}/" for d in sorted(on_disk - named)]
@@ -440,10 +461,11 @@ SYNTHETIC = {
 
 def test_the_checks_find_what_they_look_for(tmp_path):
     """Each check fails on a package made to break it."""
+    pkg = tmp_path / "pkg"
     for name, source in SYNTHETIC.items():
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(source)
-    trees = read_package(tmp_path)
+        (pkg / name).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / name).write_text(source)
+    trees = read_package(pkg)
     graph = import_graph(trees)
     assert graph["isolation.worker"] == {"isolation.helper", "isolation.runner"}
     assert graph["high.c"] == {"low.a", "high.d"} and graph["cli"] == {"low.a", "high.c", "isolation.worker"}
@@ -461,20 +483,22 @@ def test_the_checks_find_what_they_look_for(tmp_path):
     assert sandbox_closure(trees, "isolation.worker", skip={"isolation.helper"}) == {"isolation.worker",
                                                                                       "isolation.runner"}
     assert package_imports(trees["isolation.helper"]) == [1] and package_imports(trees["isolation.worker"]) == []
-    assert long_modules(tmp_path) == [f"isolation/runner.py: {MAX_LINES + 2} lines"]
+    assert long_modules(pkg) == [f"isolation/runner.py: {MAX_LINES + 2} lines"]
     page = tmp_path / "map.md"
-    page.write_text(f"{MAP_HEADING}\n\n```text\nlow/   the low part  \u2192 nothing\nnone/  not there\n"
+    page.write_text(f"{MAP_HEADING}\n\n```text\nsolutions/  references  \u2192 nothing\nnone/  not there\n"
                     "autograder/  the grader\n  low/   low  \u2192 nothing\n  high/  high, said wrongly  \u2192 low\n"
                     "                  on two lines\ntests/  a folder per subpackage\n```\n")
-    for folder in ("tests/extra", "autograder/low", "autograder/high"):
-        (tmp_path / folder).mkdir(parents=True)
+    course = tmp_path / "course"
+    for folder in ("tests/extra", "autograder/low", "autograder/high", "solutions"):
+        (course / folder).mkdir(parents=True)
+    (course / "solutions" / "ch01.py").write_text("import torch\nfrom coursebook.claims import claim\n")
     assert repository_map(page)["autograder/high"] == ("high, said wrongly on two lines", {"low"}, [])
-    assert map_problems(trees, page, tmp_path) == [
+    assert map_problems(trees, page, course) == [
         "the map lists none/, which is not a folder", "the map leaves out autograder/isolation/",
         "the map says autograder/high/ may import ['low']; its __init__.py says ['isolation', 'low']",
-        "the map does not name tests/extra/"]
-    (tmp_path / "low" / "__init__.py").write_text('"""Low, with no line."""\n')
-    assert direction_problems(read_package.__wrapped__(tmp_path), graph)[0] == "low/__init__.py: no line 'It may import: ...' in its docstring"
+        "solutions/ imports coursebook; it may import nothing", "the map does not name tests/extra/"]
+    (pkg / "low" / "__init__.py").write_text('"""Low, with no line."""\n')
+    assert direction_problems(read_package.__wrapped__(pkg), graph)[0] == "low/__init__.py: no line 'It may import: ...' in its docstring"
 
 
 def main(argv: list[str]) -> int:

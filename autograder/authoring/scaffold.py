@@ -183,8 +183,8 @@ page by the chapter; its code imports the reference implementation of exercise $
 import matplotlib.pyplot as plt
 import torch
 
+from coursebook.claims import deterministic
 from solutions.ch$key import $part
-from solutions.claims import deterministic
 
 deterministic()  # one thread, deterministic kernels: a rebuild on this machine repeats every number
 torch.manual_seed(0)

@@ -216,7 +216,7 @@ def _jupyter_book() -> str:
 
 def build_site(stage: Path, notebooks: dict[str, str], url: str, branch: str) -> tuple[Path, str]:
     """Build the book from a staged copy of the course; the built site and the build's log."""
-    for name in ("book", "solutions", "benchmarks", "autograder", "references.bib"):
+    for name in ("book", "solutions", "coursebook", "benchmarks", "autograder", "references.bib"):
         (stage / name).symlink_to(ROOT / name)
     config, toc = staged_config(url, branch)
     (stage / "_config.yml").write_text(config, encoding="utf-8")

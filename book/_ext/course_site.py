@@ -9,7 +9,7 @@ markdown file, which Colab cannot open and which needs the whole course to run.
 Every address comes from `_config.yml`: `repository: url/branch` and
 `launch_buttons: colab_url/binderhub_url/jupyterhub_url`, so a fork changes one line.
 
-Explorable attention maps (solutions/attention_explorer.py writes them into the pages)
+Explorable attention maps (coursebook/attention_explorer.py writes them into the pages)
 come alive with static/attention-explorer.js and its stylesheet, both served from the
 site itself, so they work offline.
 
@@ -18,11 +18,18 @@ The learners' release (`python -m autograder release --learners`) builds the boo
 `learners_release`, so a page keeps text that only holds where the hidden tests exist
 (`check()`, the instructors' commands) inside ```{only} not learners_release``` blocks.
 
+The pages import `coursebook` (the experiments, figures and claims beside the references),
+a folder of the checkout that the course's install does not carry (it is no part of the wheel
+that learners install). Their kernels run in book/, so the build puts the checkout's root
+first on the kernels' PYTHONPATH (`put_course_on_kernel_path`): `coursebook` and `solutions`
+then come from the checkout that is being built.
+
 Two fixes for the theme, found by tests/book/test_browser.py: long inline code may break on a
 phone (static/course.css), and a script that sphinx-thebe adds twice (a console error,
 "THEBE_JS_URL has already been declared") is written once.
 """
 import html
+import os
 import shutil
 from pathlib import Path
 from urllib.parse import quote, urlencode
@@ -30,6 +37,9 @@ from urllib.parse import quote, urlencode
 from docutils import nodes
 
 GITHUB = "https://github.com/"
+# The checkout this extension belongs to (book/_ext/ is two levels down), links followed: a
+# staged copy of the book (the learners' release) links to the same files.
+COURSE_ROOT = Path(__file__).resolve().parents[2]
 
 
 def exercise_key(app, docname):
@@ -138,7 +148,14 @@ def tag_learners_release(app, config):
         app.tags.add("learners_release")
 
 
+def put_course_on_kernel_path():
+    """Put the checkout's root first on PYTHONPATH, which the kernels that execute the pages inherit."""
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(COURSE_ROOT)]
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(COURSE_ROOT), *paths])
+
+
 def setup(app):
+    put_course_on_kernel_path()
     app.add_config_value("course_learners_release", False, "env")
     app.connect("config-inited", tag_learners_release)
     app.connect("builder-inited", add_static)

@@ -30,8 +30,8 @@ from autograder.core.usage import UsageError
 KEY = "99_demo"
 TITLE = "A demo chapter"
 TOC = "_toc.yml"
-COPIED = ("autograder", "solutions", "exercises/source", "tests/conftest.py", "tests/chapters/__init__.py", TOC,
-          "_config.yml")  # _config.yml: the repository that the notebooks' set-up cell installs
+COPIED = ("autograder", "solutions", "coursebook", "exercises/source", "tests/conftest.py", "tests/chapters/__init__.py",
+          TOC, "_config.yml")  # _config.yml: the repository that the notebooks' set-up cell installs
 
 
 def _in_copy(course: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from solutions.attention_explorer import MAX_MAPS, MAX_TOKENS, attention_explorer
+from coursebook.attention_explorer import MAX_MAPS, MAX_TOKENS, attention_explorer
 
 TOKENS = ["the", "cat", "sat", "down"]
 

@@ -263,7 +263,7 @@ def test_chapter_links_its_exercise(pages, chapter):
     assert any(h.endswith(f"/exercises/{key}.ipynb") for h in colab), f"{chapter}: no Colab link to its exercise"
 
 
-# The explorable attention maps (solutions/attention_explorer.py, static/attention-explorer.js).
+# The explorable attention maps (coursebook/attention_explorer.py, static/attention-explorer.js).
 EXPLORER_CHAPTERS = ["book/04_self_attention", "book/05_multi_head", "book/06_transformer"]
 
 # What each explorer of the page embeds and shows: its data, its selects, its bars.

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from solutions.claims import ClaimFailed, claim
+from coursebook.claims import ClaimFailed, claim
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -68,7 +68,7 @@ kernelspec:
 ```{code-cell} ipython3
 import numpy as np
 import torch
-from solutions.claims import claim
+from coursebook.claims import claim
 
 torch.manual_seed(0)
 a = torch.rand(1).item()

@@ -8,7 +8,8 @@ import re
 import pytest
 import torch
 
-from solutions import ch06_transformer, g2p_data, g2p_experiment
+from coursebook import g2p_data, g2p_experiment
+from solutions import ch06_transformer
 from solutions.ch08_pronunciation import EOS, beam_search, pad_batch
 
 ARPABET_39 = set("AA AE AH AO AW AY B CH D DH EH ER EY F G HH IH IY JH K L M N NG OW OY P R S SH T TH "
@@ -76,7 +77,7 @@ def test_kept_weights_match_the_code_that_trained_them(kind):
     """The book loads the kept weights only while their manifest matches the current code, data and
     settings; an edit to the training code must come with `make train`."""
     assert g2p_experiment.load(kind, g2p_experiment.BUDGETS["full"]) is not None, (
-        f"solutions/g2p_weights/{kind}.pt is stale or missing: run make train")
+        f"coursebook/g2p_weights/{kind}.pt is stale or missing: run make train")
 
 
 @pytest.mark.slow

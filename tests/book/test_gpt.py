@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from solutions import gpt_data, gpt_experiment
+from coursebook import gpt_data, gpt_experiment
 
 
 def test_split_is_by_document_deterministic_and_sized_as_documented():
@@ -79,7 +79,7 @@ def test_kept_weights_match_the_code_that_trained_them():
     """The book loads the kept weights only while their manifest matches the current code, data and
     settings; an edit to the training code must come with `make train`."""
     assert gpt_experiment.load(gpt_experiment.BUDGETS["full"]) is not None, (
-        "solutions/gpt_weights/gpt.pt is stale or missing: run make train")
+        "coursebook/gpt_weights/gpt.pt is stale or missing: run make train")
 
 
 def test_stale_weights_are_not_loaded(tmp_path, monkeypatch):

@@ -3,8 +3,8 @@ comments, blank lines and trailing spaces may change without making the weights 
 
 import hashlib
 
-from solutions import kept_weights
-from solutions.kept_weights import strip_comments_and_docstrings as strip
+from coursebook import kept_weights
+from coursebook.kept_weights import strip_comments_and_docstrings as strip
 
 SOURCE = '''\
 class Decoder(Base):
@@ -70,3 +70,23 @@ def test_source_hash_reads_objects_and_takes_strings_as_they_are():
     pattern = "[a-z]+  # kept: a str is hashed as it is"
     expected = hashlib.sha256((code + pattern).encode()).hexdigest()[:16]
     assert kept_weights.source_hash([sample, pattern]) == expected
+
+
+def test_the_hash_follows_the_code_not_its_module_or_folder(tmp_path, monkeypatch):
+    """The same file, imported under two module names from two folders, hashes the same: moving an
+    experiment (solutions/ to coursebook/, say) keeps its weights current."""
+    import importlib.util
+    import sys
+
+    source = "import math\n\n\ndef area(r):\n    return math.pi * r * r\n\n\nclass Disc:\n    r = 1.0\n"
+    hashes = []
+    for folder, name in (("one", "first_name"), ("two/deeper", "second_name")):
+        path = tmp_path / folder / f"{name}.py"
+        path.parent.mkdir(parents=True)
+        path.write_text(source)
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        monkeypatch.setitem(sys.modules, name, module)  # where inspect finds a class's file
+        spec.loader.exec_module(module)
+        hashes.append(kept_weights.source_hash([module.area, module.Disc, module]))
+    assert hashes[0] == hashes[1]

@@ -1,6 +1,6 @@
 /* Explorable attention maps, offline.
  *
- * solutions/attention_explorer.py writes each map as a <div class="attention-explorer">
+ * coursebook/attention_explorer.py writes each map as a <div class="attention-explorer">
  * holding its data (JSON in <script type="application/json">) and a static heat map image.
  * This script, bundled into the site (no network), turns every such div into controls:
  * choose the layer, the head and the query position (also by hovering or clicking a row

@@ -20,10 +20,10 @@ from collections import Counter
 
 import torch
 
-from solutions import g2p_data
+from coursebook import g2p_data
+from coursebook.g2p_experiment import TransformerG2P, beam_decode
 from solutions.ch06_transformer import make_src_mask
 from solutions.ch08_pronunciation import EOS, PAD, SOS, SPECIALS, edit_distance, error_rates
-from solutions.g2p_experiment import TransformerG2P, beam_decode
 
 # ARPAbet's 15 vowels (ER, the r-coloured vowel of "bird", among them); the other 24 are consonants.
 VOWELS = frozenset("AA AE AH AO AW AY EH ER EY IH IY OW OY UH UW".split())

@@ -13,7 +13,7 @@ functions, ``seq2seq_forward`` and ``greedy_decode``, for every kind of model.
   al.) + ``AttnDecoder``; each encoder state sees its token's left and right neighbours.
 
 Everything is seeded, and training runs on one CPU thread, so a run is reproducible.
-Print the numbers with ``python -m solutions.seq2seq_experiment``.
+Print the numbers with ``python -m coursebook.seq2seq_experiment``.
 """
 
 from __future__ import annotations

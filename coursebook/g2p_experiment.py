@@ -15,10 +15,10 @@ loss, clipping) over exercise 08's ``bucket_batches``; decoding is one batched b
 the semantics of exercise 08's ``beam_search`` (beam 1 is greedy decoding), and scoring is
 exercise 08's ``error_rates``.
 
-Trained weights are kept in ``solutions/g2p_weights/`` (float16, a few MB) with a manifest:
+Trained weights are kept in ``coursebook/g2p_weights/`` (float16, a few MB) with a manifest:
 the hash of the code that trains them, of the data, the settings, the wall time of the
 training and the metrics they reached. ``load_or_train`` loads them when the hashes match and
-otherwise trains; ``python -m solutions.g2p_experiment train`` (``make train``) retrains them
+otherwise trains; ``python -m coursebook.g2p_experiment train`` (``make train``) retrains them
 from scratch, and ``--budget small`` runs the whole pipeline end to end in a few minutes.
 """
 
@@ -41,7 +41,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from solutions import ch01_seq2seq, ch02_attention, ch06_transformer, ch08_pronunciation, g2p_data, kept_weights
+from coursebook import g2p_data, kept_weights
+from solutions import ch01_seq2seq, ch02_attention, ch06_transformer, ch08_pronunciation
 from solutions.ch08_pronunciation import EOS, PAD, SOS, bucket_batches, error_rates, pad_batch, train_step
 
 KINDS = ("gru", "attention", "transformer")
@@ -416,7 +417,7 @@ def load_or_train(kind: str, config: Config | None = None, log=None):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m solutions.g2p_experiment",
+    parser = argparse.ArgumentParser(prog="python -m coursebook.g2p_experiment",
                                      description="Train chapter 08's models and keep their weights.")
     parser.add_argument("command", choices=["train", "check"],
                         help="train: retrain and keep the weights; check: are the kept weights current?")

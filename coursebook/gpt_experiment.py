@@ -20,10 +20,10 @@ predicted from the last training tokens as context; after that, windows of ``max
 tokens advance by half a window and only the tokens not scored yet are scored, so every
 held-out token is predicted from at least ``max_len / 2`` tokens before it.
 
-Trained weights are kept in ``solutions/gpt_weights/`` (float16) with a manifest: the hash of
+Trained weights are kept in ``coursebook/gpt_weights/`` (float16) with a manifest: the hash of
 the code that trains them, of the data, the settings, the wall and CPU time of the training,
 the loss curve and the held-out figures. ``load`` returns them only while the manifest matches;
-``python -m solutions.gpt_experiment train`` (``make train``) retrains them, ``check`` says
+``python -m coursebook.gpt_experiment train`` (``make train``) retrains them, ``check`` says
 whether they are current, and ``--budget small`` runs the pipeline end to end in a minute.
 """
 
@@ -45,7 +45,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from solutions import ch09_gpt, gpt_data, kept_weights
+from coursebook import gpt_data, kept_weights
+from solutions import ch09_gpt
 from solutions.ch09_gpt import GPT, encode, train_bpe
 
 # COURSE_GPT_WEIGHTS keeps weights elsewhere (e.g. small-budget ones while writing the page).
@@ -311,7 +312,7 @@ def held_out_metrics(model: GPT, config: Config) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m solutions.gpt_experiment",
+    parser = argparse.ArgumentParser(prog="python -m coursebook.gpt_experiment",
                                      description="Train chapter 09's GPT and keep its weights.")
     parser.add_argument("command", choices=["train", "check"],
                         help="train: retrain and keep the weights; check: are the kept weights current?")

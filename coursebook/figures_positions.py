@@ -5,12 +5,15 @@
   vectors, hence their dot product, is the same in both: it depends on the distance
   only.
 
-Every function returns a matplotlib figure; the page shows it.
+Every function returns a matplotlib figure; the page shows it. The arrows, labels and axes are
+the primitives of ``drawing``.
 """
 
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.patches import Arc
+
+from .drawing import arrow, frame, label
 
 
 def rotate(vector, angle):
@@ -23,22 +26,17 @@ def draw_pair(ax, q, k, m, n, theta):
     """q rotated by m*theta and k by n*theta, with the originals dashed."""
     q_rot, k_rot = rotate(q, m * theta), rotate(k, n * theta)
     for vec, colour, name in ((q, "#31a354", "q"), (k, "#e6550d", "k")):
-        ax.annotate("", xy=vec, xytext=(0, 0),
-                    arrowprops=dict(arrowstyle="-|>", color=colour, lw=1, ls="--", alpha=0.5))
-        ax.text(*(vec * 1.12), name, color=colour, alpha=0.6, ha="center", va="center", fontsize=9)
+        arrow(ax, (0, 0), vec, color=colour, lw=1, ls="--", alpha=0.5, shrink=2, zorder=3)
+        label(ax, *(vec * 1.12), name, color=colour, alpha=0.6)
     for vec, colour, name in ((q_rot, "#31a354", f"$R_{{{m}}}q$"), (k_rot, "#e6550d", f"$R_{{{n}}}k$")):
-        ax.annotate("", xy=vec, xytext=(0, 0), arrowprops=dict(arrowstyle="-|>", color=colour, lw=2))
-        ax.text(*(vec * 1.22), name, color=colour, ha="center", va="center", fontsize=10)
+        arrow(ax, (0, 0), vec, color=colour, lw=2, shrink=2, zorder=3)
+        label(ax, *(vec * 1.22), name, fontsize=10, color=colour)
     a_q, a_k = np.degrees(np.arctan2(q_rot[1], q_rot[0])), np.degrees(np.arctan2(k_rot[1], k_rot[0]))
     turn = (a_k - a_q + 180) % 360 - 180               # the smaller angle from q to k
     lo, hi = (a_q, a_q + turn) if turn >= 0 else (a_k, a_k - turn)
     ax.add_patch(Arc((0, 0), 0.7, 0.7, theta1=lo, theta2=hi, color="black", lw=1))
     ax.add_patch(plt.Circle((0, 0), 1.0, fill=False, color="#d9d9d9", lw=0.8))
-    ax.set_xlim(-1.45, 1.45)
-    ax.set_ylim(-1.45, 1.45)
-    ax.set_aspect("equal")
-    ax.set_xticks([])
-    ax.set_yticks([])
+    frame(ax, (-1.45, 1.45), (-1.45, 1.45), border=True)
     score = float(q_rot @ k_rot)
     ax.set_title(f"query at m = {m}, key at n = {n}\nscore of the pair {score:.3f}", fontsize=9)
     return score
