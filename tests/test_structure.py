@@ -207,6 +207,8 @@ def declared(trees) -> dict[str, set[str]]:
     docstring has no such line is missing from the result (and refused by `direction_problems`)."""
     out = {}
     for s in subpackages(trees):
+        if s not in trees:
+            continue  # no __init__.py: refused by `direction_problems`
         doc = ast.get_docstring(trees[s]) or ""
         found = MAY_IMPORT.findall(doc)
         if len(found) == 1:
@@ -221,7 +223,8 @@ def direction_problems(trees, graph) -> list[str]:
     in a line that is no subpackage, and any cycle between the lines."""
     allowed = declared(trees)
     known = set(subpackages(trees))
-    problems = [f"{s}/__init__.py: no line 'It may import: ...' in its docstring" for s in sorted(known - allowed.keys())]
+    problems = [f"{s}/__init__.py: not there" if s not in trees else
+                f"{s}/__init__.py: no line 'It may import: ...' in its docstring" for s in sorted(known - allowed.keys())]
     problems += [f"{s}/__init__.py: may import {sorted(a - known)}, which are no subpackages"
                  for s, a in sorted(allowed.items()) if a - known]
     problems += [f"the subpackages' lines make a cycle: {' <-> '.join(c)}" for c in cycles(allowed)]
@@ -342,6 +345,15 @@ def course_imports(folder: Path) -> set[str]:
     return found
 
 
+def ignored_sources(root: Path = COURSE) -> list[str]:
+    """The Python files of the course's packages and tests that git ignores: they would be missing
+    from every clone (a subpackage whose `__init__.py` an output folder's rule hides still imports
+    as a namespace package, and so breaks nothing until the wheel or a check reads it)."""
+    out = subprocess.run(["git", "ls-files", "--others", "--ignored", "--exclude-standard", "--",
+                          *COURSE_PACKAGES, "tests"], cwd=root, capture_output=True, text=True, check=True).stdout
+    return [f for f in out.split() if f.endswith(".py")]
+
+
 def map_problems(trees: Package, page: Path = MAP_PAGE, root: Path = COURSE) -> list[str]:
     """Where the repository map disagrees with the tree: a folder it lists that is not there, a
     top-level folder or a subpackage it leaves out, a subpackage whose arrow differs from its
@@ -421,6 +433,10 @@ def test_the_map_in_the_authoring_page_matches_the_tree():
     assert map_problems(read_package()) == []
 
 
+def test_git_ignores_no_source_of_the_course():
+    assert ignored_sources() == []
+
+
 def test_no_module_is_over_600_lines():
     assert long_modules() == []
 
@@ -497,8 +513,15 @@ def test_the_checks_find_what_they_look_for(tmp_path):
         "the map lists none/, which is not a folder", "the map leaves out autograder/isolation/",
         "the map says autograder/high/ may import ['low']; its __init__.py says ['isolation', 'low']",
         "solutions/ imports coursebook; it may import nothing", "the map does not name tests/extra/"]
+    subprocess.run(["git", "init", "-q", str(course)], check=True)
+    (course / ".gitignore").write_text("grading/\n")
+    (course / "autograder" / "grading").mkdir()
+    (course / "autograder" / "grading" / "__init__.py").write_text("")
+    assert ignored_sources(course) == ["autograder/grading/__init__.py"]
     (pkg / "low" / "__init__.py").write_text('"""Low, with no line."""\n')
     assert direction_problems(read_package.__wrapped__(pkg), graph)[0] == "low/__init__.py: no line 'It may import: ...' in its docstring"
+    (pkg / "low" / "__init__.py").unlink()
+    assert direction_problems(read_package.__wrapped__(pkg), graph)[0] == "low/__init__.py: not there"
 
 
 def main(argv: list[str]) -> int:

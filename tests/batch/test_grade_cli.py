@@ -17,9 +17,18 @@ from chapters.ch03_qkv import NO_SCALE
 KEY = "03_qkv"
 
 
-def test_regrading_is_idempotent_and_force_regrades(graded_chapter):
+def own_copy(out: Path, tmp_path: Path) -> Path:
+    """A copy of the chapter harness's output folder, for a test that grades into it again: the
+    harness's own stays as its run wrote it, for every other test that reads it, in any order."""
+    import shutil
+
+    return Path(shutil.copytree(out, tmp_path / "out", symlinks=True))
+
+
+def test_regrading_is_idempotent_and_force_regrades(graded_chapter, tmp_path):
     """Does a second run skip what is graded, and --force regrade without duplicating rows?"""
-    base, out, summary, by = graded_chapter(KEY)
+    base, harness_out, summary, by = graded_chapter(KEY)
+    out = own_copy(harness_out, tmp_path)
     again = run_json("grade", "--assignment", KEY, str(base / "submitted"), "--out", str(out))
     assert all(s["skipped"] for s in again["submissions"])
     assert {s["student"]: s["score"] for s in again["submissions"]} == {s: by[s]["score"] for s in by}
@@ -28,18 +37,21 @@ def test_regrading_is_idempotent_and_force_regrades(graded_chapter):
     assert [(s["student"], s["skipped"], s["score"]) for s in forced["submissions"]] == [("no_scale", False, 11.0)]
     from nbgrader.api import Gradebook
 
-    with Gradebook(summary["gradebook"]) as gb:
+    with Gradebook(summary["gradebook"].replace(str(harness_out), str(out))) as gb:  # the copy's (a sqlite: URL)
         assert len(gb.assignment_submissions(KEY)) == len(by)
 
 
-def test_a_run_writes_a_log_and_progress_goes_to_stderr(graded_chapter):
+def test_a_run_writes_a_log_and_progress_goes_to_stderr(graded_chapter, tmp_path):
     """Does `grade` keep stdout for its result, print progress on stderr, and log every submission?"""
-    base, out, summary, by = graded_chapter(KEY)
+    base, harness_out, summary, by = graded_chapter(KEY)
+    out = own_copy(harness_out, tmp_path)
     proc = run_cli("grade", "--assignment", KEY, str(base / "submitted" / "ref.ipynb"), "--out", str(out), "--force")
     assert proc.returncode == 0, proc.stderr
     assert "ref: 26 / 26" in proc.stderr and "ref: 23" not in proc.stdout
-    log = Path(summary["log"]).read_text()
+    log = Path(summary["log"]).read_text()  # the harness's run, which graded every submission
     assert all(f"{s} (" in log for s in by) and "status graded" in log
+    new = {p.name for p in (out / "logs").iterdir()} - {p.name for p in (harness_out / "logs").iterdir()}
+    assert len(new) == 1 and "ref (" in (out / "logs" / new.pop()).read_text()  # the forced run's own log
 
 
 def test_seed_replays_a_grade_exactly(tmp_path, graded_chapter):
