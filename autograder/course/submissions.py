@@ -7,7 +7,9 @@ A folder given to `grade` (DIR) is read by depth, never following a link:
   DIR/STUDENT/KEY/KEY.ipynb         nbgrader's submitted/ layout
 
 STUDENT must be a student id (`text.student_id_problem`): names are never rewritten into
-ids. Regular files not named *.ipynb are never opened (nbgrader's timestamp.txt, a
+ids. A student's folder may hold the other assignments of the course beside KEY's
+(STUDENT/OTHER/ or STUDENT/OTHER.ipynb, OTHER a chapter key): they are passed over, as they
+are another run's. Regular files not named *.ipynb are never opened (nbgrader's timestamp.txt, a
 README) and `.ipynb_checkpoints` folders are skipped; everything else that is not at one
 of these places (hidden entries, deeper folders, other notebooks, links, FIFOs, sockets,
 devices, names that are not ids) is rejected with a reason, and when it lies inside a
@@ -26,6 +28,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..core.assignments import KEY_RE
 from ..core.limits import DEFAULT, Limits
 from ..core.regular_file import ERROR, LINK, kind_of, read_regular
 from ..core.text import safe, student_id_problem
@@ -135,6 +138,14 @@ class _Scanner:
             return True
         return False
 
+    def _another_assignment(self, name: str, kind: str) -> bool:
+        """Whether an entry of a student's folder is that student's work for another assignment of the
+        course (a folder or a notebook named by a chapter key other than KEY): a course folder holds
+        every assignment side by side (nbgrader's submitted/STUDENT/KEY/), and grading one leaves the
+        others alone. Anything else there is still rejected and flags the student."""
+        other = name if kind == "dir" else name[: -len(".ipynb")] if kind == "file" and name.endswith(".ipynb") else ""
+        return bool(KEY_RE.match(other)) and other != self.key
+
     def _why_not(self, name: str, kind: str, where: str) -> str:
         if name.startswith("."):
             what = "a hidden folder" if kind == "dir" else "a hidden entry"
@@ -221,6 +232,8 @@ class _Scanner:
                     self.claim(student, base, (*rel, name), kind, st)
                 elif descend and name == self.key and kind == "dir":
                     self.key_folder(base, student, fd)
+                elif descend and self._another_assignment(name, kind):
+                    continue  # DIR/STUDENT/OTHER/ or DIR/STUDENT/OTHER.ipynb: graded with OTHER, not here
                 else:
                     self.reject(base.joinpath(*rel, name), self._why_not(name, kind, where), student)
         finally:

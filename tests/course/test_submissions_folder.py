@@ -81,6 +81,27 @@ def test_the_folder_rule(folder):
                    for r in scan.rejected)
 
 
+def test_a_course_folder_with_several_assignments(tmp_path):
+    """Does a course folder holding two assignments per learner (nbgrader's submitted/STUDENT/KEY/, or
+    STUDENT/KEY.ipynb) grade each assignment without flagging anyone for the other, while anything
+    else in a learner's folder still flags that learner?"""
+    d = tmp_path / "submitted"
+    for rel in ("ana/03_qkv/03_qkv.ipynb", "ana/03_qkv/timestamp.txt", "ana/06_transformer/06_transformer.ipynb",
+                "ana/06_transformer/timestamp.txt", "ben/03_qkv.ipynb", "ben/06_transformer.ipynb",
+                "cy/06_transformer/06_transformer.ipynb", "dee/03_qkv/03_qkv.ipynb", "dee/notes/06_transformer.ipynb",
+                "eve/03_qkv/03_qkv.ipynb", "eve/03_qkv/06_transformer.ipynb"):
+        _touch(d / rel)
+    for key, graded in (("03_qkv", {"ana", "ben", "dee", "eve"}), ("06_transformer", {"ana", "ben", "cy"})):
+        scan = find_submissions([str(d)], key)
+        found = {f.student: f for f in scan.found}
+        assert {s for s, f in found.items() if f.claim and not f.problem} == graded, key
+        assert {s for s, f in found.items() if f.flags} == {"dee", "eve"} - ({"eve"} if key != "03_qkv" else set()), key
+        assert [r.path for r in scan.rejected if r.student in ("ana", "ben", "cy")] == [], key
+    # a misplaced notebook is no other assignment: `notes/` flags dee under either key, and under 03
+    # a notebook of 06 inside 03's own folder flags eve (it is not where either assignment's would be)
+    assert any("notes" in flag for flag in {f.student: f for f in find_submissions([str(d)], "06_transformer").found}["dee"].flags)
+
+
 def test_rejected_entries_are_counted_beyond_the_cap(tmp_path):
     d = tmp_path / "subs"
     _touch(d / "zoe.ipynb")
