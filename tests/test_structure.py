@@ -324,13 +324,17 @@ def repository_map(page: Path = MAP_PAGE) -> dict[str, tuple[str, set[str] | Non
                 entries[top][2].append(name.split("/")[-1])
             else:
                 top = name
-            text, _, said = m.group(3).partition("\u2192")
-            imports = None
-            if said.strip():
-                imports = set() if said.strip() == "nothing" else {w.strip() for w in said.split(",")}
-            current = entries.setdefault(name, [text.strip(), imports, []])
+            arrow = line.find("\u2192")  # a list that goes on below goes on in the same column
+            text, said = (line[len(m.group(1) + m.group(2)):arrow], line[arrow + 1:]) if arrow >= 0 else (m.group(3), "")
+            current = entries.setdefault(name, [text.strip(), None, [], arrow, said.strip()])
         elif current is not None:
-            current[0] += " " + line.strip()
+            arrow = current[3]
+            left, right = (line[:arrow], line[arrow + 1:]) if arrow >= 0 else (line, "")
+            current[0] = f"{current[0]} {left.strip()}".strip()
+            current[4] = f"{current[4]} {right.strip()}".strip()
+    for entry in entries.values():
+        if entry[3] >= 0:
+            entry[1] = set() if entry[4] == "nothing" else {w.strip() for w in entry[4].split(",") if w.strip()}
     return {name: (e[0], e[1], e[2]) for name, e in entries.items()}
 
 
@@ -503,12 +507,15 @@ def test_the_checks_find_what_they_look_for(tmp_path):
     page = tmp_path / "map.md"
     page.write_text(f"{MAP_HEADING}\n\n```text\nsolutions/  references  \u2192 nothing\nnone/  not there\n"
                     "autograder/  the grader\n  low/   low  \u2192 nothing\n  high/  high, said wrongly  \u2192 low\n"
-                    "                  on two lines\ntests/  a folder per subpackage\n```\n")
+                    "    on two lines\ntests/  a folder per subpackage\n```\n")
     course = tmp_path / "course"
     for folder in ("tests/extra", "autograder/low", "autograder/high", "solutions"):
         (course / folder).mkdir(parents=True)
     (course / "solutions" / "ch01.py").write_text("import torch\nfrom coursebook.claims import claim\n")
     assert repository_map(page)["autograder/high"] == ("high, said wrongly on two lines", {"low"}, [])
+    cont = tmp_path / "continued.md"  # a list of imports that goes on below, in the arrow's column
+    cont.write_text(f"{MAP_HEADING}\n\n```text\nlow/  the low part  \u2192 core,\n{' ' * 21}isolation\n```\n")
+    assert repository_map(cont)["low"] == ("the low part", {"core", "isolation"}, [])
     assert map_problems(trees, page, course) == [
         "the map lists none/, which is not a folder", "the map leaves out autograder/isolation/",
         "the map says autograder/high/ may import ['low']; its __init__.py says ['isolation', 'low']",
