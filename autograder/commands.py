@@ -176,6 +176,8 @@ def grade_command(args) -> int:
     else:
         print(visible(f"gradebook: {summary['gradebook']}\ncsv: {summary['csv']}\nfeedback: {run.out / 'feedback'}\n"
                       f"log: {summary['log']}", keep="\n"))
+        for line in run.final_lines:
+            print(visible(line))
     faults = run.faults
     if faults:
         to_stderr(f"{len(faults)} submission(s) hit a grader error (not the learners' fault): "

@@ -40,6 +40,7 @@ from ..core.limits import DEFAULT, Limits
 from ..core.logs import RunLog, log
 from ..core.text import safe, visible
 from ..core.usage import UsageError, known_assignment
+from ..course.export import final_lines
 from ..course.submissions import Found, find_submissions, read_claim
 
 # The columns of `gradebook.rows` that a submission's entry in the summary takes from the gradebook.
@@ -135,6 +136,7 @@ class GradingRun:
         self.reports: list = []
         self.log_path: Path | None = None
         self.summary: dict | None = None
+        self.final_lines: list[str] = []
         self._release = None  # the release notebook, the frame of every autograded one
         self._graded_bytes: dict[int, bytes] = {}
 
@@ -169,11 +171,13 @@ class GradingRun:
             run_log.close()
         # The summary's entries show the gradebook's final scores (an instructor's manual ones), as the
         # CSV does; the result files keep the grader's.
-        final = {row["student_id"]: row for row in done["rows"]}
+        final, accounts = {row["student_id"]: row for row in done["rows"]}, done.get("accounts", {})
         for report in self.reports:
             row = final.get(report.get("student")) if isinstance(report, dict) else None
             if row is not None:
-                report.update({k: row[k] for k in FINAL_COLUMNS if k in row}, auto_score=row.get("auto_score"))
+                report.update({k: row[k] for k in FINAL_COLUMNS if k in row}, auto_score=row.get("auto_score"),
+                              final=accounts.get(row["student_id"]))
+        self.final_lines = final_lines(done["rows"], accounts)
         self.summary = {"assignment": self.assignment.key, "gradebook": url, "csv": done["csv"],
                         "exports": done["exports"],
                         "log": str(self.log_path), "submissions": self.reports,
@@ -460,9 +464,12 @@ class GradingRun:
         write_feedback_companions(self.out, self.assignment.key, found.student, found.claim, timestamp)
         grades = gbk.part_grades(self.gb, self.assignment, found.student)
         fb = write_feedback(self.out, self.assignment.key, found.student,
-                            feedback_html(result, flags, limits, grades=grades, late=late))
+                            feedback_html(result, flags, limits, grades=grades, late=late,
+                                          comments=gbk.part_comments(self.gb, self.assignment, found.student)))
         data = dict(result.to_dict(), sha256=digest, feedback=str(fb), skipped=False, flags=flags,
                     submitted_at=iso_utc(submitted), submitted_from=source)
+        data[gbk.REVIEW_FLAG] = (result.status == "graded" and not flags
+                                 and gbk.needs_review(self.gb, self.assignment, found.student))
         # Written last: a run killed before this line regrades this learner next time.
         write_json_atomic(self.results_dir / f"{found.student}.json", data)
         self.progress(progress_line(found.student, result, limits, flags) + tail)

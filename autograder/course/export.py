@@ -67,6 +67,7 @@ def write_outputs(gb, assignment, out: Path, limits: Limits = DEFAULT, config=No
     from ..grading.feedback import feedback_html
     from ..grading.grader import Result
     from . import gradebook as gbk
+    from .nbgrader_course import summary_cell, write_summary
 
     key = assignment.key
     saved = saved_results(out, key)
@@ -78,7 +79,10 @@ def write_outputs(gb, assignment, out: Path, limits: Limits = DEFAULT, config=No
             table.append(gbk.unrecorded_row(key, student, table[0] if table else None, limits))
     csv_path = out / f"{key}_grades.csv"
     gbk.write_csv(csv_path, table, limits)
-    pages = []
+    for student, data in saved.items():
+        if data.get(gbk.REVIEW_FLAG) is False:  # `rows` took the review flag off: said in the result file
+            _write_json(out / "results" / key / f"{student}.json", data)
+    pages, accounts = [], {}
     for row in table:
         student = row["student_id"]
         data = saved.get(student)
@@ -97,8 +101,14 @@ def write_outputs(gb, assignment, out: Path, limits: Limits = DEFAULT, config=No
                 from .deadlines import late_for
 
                 late = late_for(config, key, data, score=row["score"] + row.get("late_penalty", 0.0))
-            page = feedback_html(result, flags, limits, grades=gbk.part_grades(gb, assignment, student), late=late)
+            grades = gbk.part_grades(gb, assignment, student)
+            page = feedback_html(result, flags, limits, grades=grades, late=late,
+                                 comments=gbk.part_comments(gb, assignment, student))
             pages.append(str(write_feedback(out, key, student, page)))
+            accounts[student] = gbk.account(row, grades)
+            # formgrader's view of the same: a summary cell first in the autograded notebook
+            write_summary(out, key, student, summary_cell(gbk.account_items(row, grades),
+                                                          late.explanation if late is not None else ""))
         except Exception:  # noqa: BLE001
             log.error("the feedback page of %s could not be written", safe(student, 80), exc_info=True)
             try:
@@ -113,7 +123,28 @@ def write_outputs(gb, assignment, out: Path, limits: Limits = DEFAULT, config=No
     if write_lms is not None:
         written = write_lms(table, key, config, out)
         exports = [str(p) for p in (written or [])]
-    return {"csv": str(csv_path), "feedback": pages, "exports": exports, "rows": table}
+    return {"csv": str(csv_path), "feedback": pages, "exports": exports, "rows": table, "accounts": accounts}
+
+
+def _write_json(path: Path, data: dict) -> None:
+    if path.is_symlink() or not path.is_file():
+        return
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def final_lines(table: list[dict], accounts: dict[str, str]) -> list[str]:
+    """The terminal's lines on final scores: one per learner whose final score is not simply the
+    automatic one (a manual score, a late penalty, a review needed, not graded), as the CSV has it."""
+    lines = [f"  {row['student_id']}: {accounts.get(row['student_id']) or row.get('score')}" for row in table
+             if row.get("manual") or float(row.get("late_penalty") or 0) or row.get("needs_review")
+             or row.get("status") != "graded"]
+    if not lines:
+        return [f"final scores: the automatic ones for all {len(table)} (no manual score, late penalty or review)"]
+    rest = len(table) - len(lines)
+    return ([f"final scores (as in the CSV) where they are not the automatic score alone; the other {rest}: "
+             "their automatic score"] + lines)
 
 
 def export_command(args) -> int:
@@ -135,13 +166,15 @@ def export_command(args) -> int:
             raise UsageError(f"the gradebook {safe(url, 300)} holds no grades of {assignment.key}") from None
         done = write_outputs(gb, assignment, out, DEFAULT, config)
     summary = {"assignment": assignment.key, "gradebook": url, "csv": done["csv"], "feedback": done["feedback"],
-               "exports": done["exports"]}
+               "exports": done["exports"], "final": done["accounts"]}
     if args.json:
         print(json_for_stdout(summary))
     else:
         print(visible(f"csv: {done['csv']}\nfeedback: {len(done['feedback'])} page(s) in {out / 'feedback'}"
                       + "".join(f"\nexport: {p}" for p in done["exports"]), keep="\n"))
+        for line in final_lines(done["rows"], done["accounts"]):
+            print(visible(line))
     return 0
 
 
-__all__ = ["feedback_path", "write_feedback", "saved_results", "write_outputs", "export_command"]
+__all__ = ["feedback_path", "write_feedback", "saved_results", "write_outputs", "final_lines", "export_command"]

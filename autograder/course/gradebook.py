@@ -131,6 +131,10 @@ def record(gb: Gradebook, assignment: Assignment, student: str, result,
     gb.db.commit()
 
 
+# In a result file: `record` flagged the submission because a manual score needs review (nothing else).
+REVIEW_FLAG = "flagged_for_review"
+
+
 def _grades(gb: Gradebook, key: str, student: str) -> list:
     return [g for g in gb.find_submission_notebook(key, key, student).grades]
 
@@ -150,6 +154,121 @@ def part_grades(gb: Gradebook, assignment: Assignment, student: str) -> dict[str
             "score": float(g.score), "auto": float(g.auto_score or 0.0),
             "manual": None if g.manual_score is None else float(g.manual_score), "max_score": float(g.max_score)}
     return out
+
+
+COMMENT_CHARS = 5_000  # one comment of the instructor's, as a feedback page shows it
+
+
+@functools.lru_cache(maxsize=32)
+def _answer_parts(path: str, mtime_ns: int) -> dict[str, tuple[str, ...]]:
+    nb = nbformat.read(path, as_version=4)
+    parts: dict[str, tuple[str, ...]] = {}
+    answer = None
+    for cell in nb.cells:
+        meta = cell.metadata.get("nbgrader") or {}
+        gid = meta.get("grade_id")
+        if not isinstance(gid, str):
+            continue
+        if meta.get("solution") or meta.get("task"):
+            answer = gid
+            parts[answer] = ()
+        elif meta.get("grade") and answer is not None and gid.startswith("test_"):
+            parts[answer] += (gid[len("test_"):],)
+    return parts
+
+
+def answer_parts(assignment: Assignment) -> dict[str, tuple[str, ...]]:
+    """answer cell (a solution cell's grade id) -> the parts whose grade cells follow it, up to the next
+    answer cell: which part a formgrader comment on that answer belongs to (``masks`` -> padding_mask,
+    causal_mask)."""
+    path = Path(assignment.notebook)
+    return _answer_parts(str(path), path.stat().st_mtime_ns)
+
+
+def comment_text(text) -> str:
+    """An instructor's comment as shown: at most COMMENT_CHARS, control characters gone (lines kept)."""
+    if not isinstance(text, str):
+        return ""
+    text = "".join(ch if ch in "\n\t" or ch.isprintable() else " " for ch in text[: COMMENT_CHARS + 1])
+    text = text.strip()
+    return text if len(text) <= COMMENT_CHARS else text[:COMMENT_CHARS] + " …"
+
+
+def part_comments(gb: Gradebook, assignment: Assignment, student: str) -> dict[str, list[str]]:
+    """The comments an instructor typed in formgrader (the box under each answer), by the part they
+    belong to (`answer_parts`: a comment on an answer covering several parts goes with its first part);
+    a comment on a cell that covers no part goes under "". Empty comments are left out."""
+    parts = answer_parts(assignment)
+    out: dict[str, list[str]] = {}
+    comments = gb.find_submission_notebook(assignment.key, assignment.key, student).comments
+    for c in sorted(comments, key=lambda c: list(parts).index(c.name) if c.name in parts else len(parts)):
+        text = comment_text(c.manual_comment)
+        if text:
+            covered = parts.get(c.name) or ("",)
+            out.setdefault(covered[0], []).append(text)
+    return out
+
+
+def sync_names(gb: Gradebook, config) -> int:
+    """The roster's names (course.toml's ``[lms] roster``) on nbgrader's students, so formgrader lists
+    "Lovelace, Ada" instead of "None, None": the columns first_name and last_name where the roster has
+    them, else its name split as "Last, First" or at its last space ("Ada Lovelace"); its email column
+    too. Only students the gradebook holds; returns how many changed."""
+    roster = getattr(getattr(config, "lms", None), "roster", None) or {}
+    if not roster:
+        return 0
+    changed = 0
+    for student in gb.students:
+        row = roster.get(student.id)
+        if row is None:
+            continue
+        first, last = (row.get("first_name") or "").strip(), (row.get("last_name") or "").strip()
+        if not (first or last):
+            name = " ".join((row.get("name") or row.get("Student") or "").split())
+            if "," in name:
+                last, _, first = (x.strip() for x in name.partition(","))
+            elif " " in name:
+                first, _, last = name.rpartition(" ")
+            else:
+                last = name
+        email = (row.get("email") or "").strip() or None
+        new = (first[:128] or None, last[:128] or None, email[:128] if email else student.email)
+        if (student.first_name, student.last_name, student.email) != new:
+            student.first_name, student.last_name, student.email = new
+            changed += 1
+    if changed:
+        gb.db.commit()
+    return changed
+
+
+def account(row: dict, grades: dict | None = None) -> str:
+    """How a row's final score is made, in one line (the terminal's; formgrader's summary cell lists
+    the same items): ``21.4 / 26: automatic 15; set by hand: scaled_dot_product_attention 12
+    (automatic 2); late -2.6; NEEDS REVIEW ...``. `grades`: `part_grades` of the learner (names the
+    parts scored by hand)."""
+    return "; ".join(account_items(row, grades))
+
+
+def account_items(row: dict, grades: dict | None = None) -> list[str]:
+    """The items of `account`."""
+    def num(x) -> str:
+        return f"{round(float(x), 4):g}"
+
+    said = [f"{num(row.get('score', 0))} / {num(row.get('max_score', 0))}: automatic {num(row.get('auto_score', 0))}"]
+    manual = [f"{part} {num(g['manual'])} (automatic {num(g['auto'])})"
+              for part, g in (grades or {}).items() if g.get("manual") is not None]
+    if manual:
+        said.append("set by hand: " + ", ".join(manual))
+    elif row.get("manual"):
+        said.append("manual scores kept")
+    if float(row.get("late_penalty") or 0):
+        said.append(f"late -{num(row['late_penalty'])}")
+    if row.get("needs_review"):
+        said.append("NEEDS REVIEW: a manual score was given over another automatic score (save it again in "
+                    "formgrader, then run export)")
+    if row.get("status") not in (None, "graded"):
+        said.append(f"status {row['status']}")
+    return said
 
 
 def has_submission(gb: Gradebook, assignment: Assignment, student: str) -> bool:
@@ -177,7 +296,11 @@ def rows(gb: Gradebook, assignment: Assignment, statuses: dict[str, dict], limit
     `config` (`course_config.CourseConfig`, None: no due date) brings the late policy: `score` is
     then the final score less the late penalty (never below 0), and the gradebook gets the
     assignment's due date and each notebook's `late_submission_penalty`, so that nbgrader's own
-    `export` agrees with ours."""
+    `export` agrees with ours; and the roster's names reach nbgrader's students (`sync_names`).
+
+    A submission that `record` flagged only for review (its result file says REVIEW_FLAG) loses the
+    flag once nothing needs review any more; its entry in `statuses` then says REVIEW_FLAG False,
+    which the caller writes back."""
     key = assignment.key
     out = []
     settings = config.assignment(key) if config is not None else None
@@ -187,6 +310,12 @@ def rows(gb: Gradebook, assignment: Assignment, statuses: dict[str, dict], limit
     if gb_assignment.duedate != naive_due:
         gb_assignment.duedate = naive_due
     grade_cells = [c.name for c in gb.find_notebook(key, key).grade_cells]
+    if config is not None:
+        try:
+            sync_names(gb, config)
+        except Exception:  # noqa: BLE001 - the names are for formgrader's lists; the scores go on
+            log.error("the roster's names could not be given to the gradebook's students", exc_info=True)
+            gb.db.rollback()
     for sub in sorted(gb.find_assignment(key).submissions, key=lambda s: s.student.id):
         # Each row on its own: whatever one learner's saved result holds costs at most that row.
         try:
@@ -244,6 +373,12 @@ def _row(gb: Gradebook, key: str, student: str, info: dict, grade_cells: list, l
         "status": safe(info.get("status", "graded"), 40),
         "reason": _reason(info, limits),
     }
+    if (nb.flagged and info.get(REVIEW_FLAG) is True and not row["needs_review"] and row["status"] == "graded"
+            and not info.get("flags")):
+        # flagged by `record` for review only, and reviewed since (the score saved again in formgrader):
+        # the flag goes; the caller clears REVIEW_FLAG in the result file, so a flag set by hand stays
+        nb.flagged = False
+        info[REVIEW_FLAG] = False
     late = late_for(config, key, info, score=float(nb.score)) if config is not None else None
     penalty = round(late.penalty, 4) if late is not None else 0.0
     if (nb.late_submission_penalty or 0.0) != penalty:

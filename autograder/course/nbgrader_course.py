@@ -11,7 +11,9 @@ a solution cell keeps only the learner's source (under the release cell's metada
 cells the learner added keep only their source, markdown shown as literal text. No learner
 output, attachment, metadata or raw cell survives, and every source is capped. Each grade
 cell gets one plain-text output: the hidden checks of its part, passed or not, with their
-points and hints, so the instructor grading by hand sees why the grader gave what it gave.
+points and hints, so the instructor grading by hand sees why the grader gave what it gave;
+and the notebook opens with a summary cell (`summary_cell`, rewritten by every `export`): the
+final score as the CSV and the feedback page give it, and what made it.
 """
 
 from __future__ import annotations
@@ -53,6 +55,19 @@ def write_release(out: Path, assignment: Assignment) -> list[Path]:
             _write_atomic(path, text)
         written.append(path)
     return written
+
+
+def release_into(out: Path, assignments, url: str) -> list[str]:
+    """Each assignment's source and release notebooks into the course folder `out`, and its cells
+    into the gradebook at `url`; the lines that say what was written."""
+    from . import gradebook as gbk
+
+    said = []
+    with gbk.open_gradebook(url) as gb:
+        for a in assignments:
+            said += [f"wrote {path}" for path in write_release(out, a)]
+            gbk.sync_assignment(gb, a)
+    return said
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -290,5 +305,42 @@ def write_autograded(out: Path, assignment: Assignment, student: str, data: byte
     return path
 
 
-__all__ = ["release_notebook", "write_release", "autograded_notebook", "inert_markdown", "timestamp_bytes",
+SUMMARY = "course_summary"  # the metadata key of the summary cell (no learner cell keeps metadata)
+
+
+def summary_cell(items: list[str], late: str = "") -> nbformat.NotebookNode:
+    """The markdown cell at the top of an autograded notebook: the final score as the CSV and the
+    feedback page have it, and what made it (`gradebook.account_items`)."""
+    head, rest = items[0], items[1:]
+    lines = [f"**Final score {head}** (the CSV's and the learner's feedback page's; formgrader's own "
+             "totals leave out the late penalty)", ""]
+    lines += [f"- {item}" for item in rest]
+    if late:
+        lines.append(f"- {late}")
+    lines += ["", "*Written by the course's `grade` and `export`: run `export` after scoring by hand.*"]
+    return nbformat.v4.new_markdown_cell("\n".join(lines), metadata={SUMMARY: True})
+
+
+def write_summary(out: Path, key: str, student: str, cell: nbformat.NotebookNode) -> bool:
+    """Put `cell` first in OUT/autograded/STUDENT/KEY/KEY.ipynb in place of the summary there (a file
+    `grade` wrote: regular, not a link); whether the file changed."""
+    path = out / "autograded" / student / key / f"{key}.ipynb"
+    if path.is_symlink() or not path.is_file():
+        return False
+    text = path.read_text(encoding="utf-8")
+    nb = nbformat.reads(text, as_version=4)
+    cell = copy.deepcopy(cell)
+    if (nb.nbformat, nb.nbformat_minor) >= (4, 5):
+        cell["id"] = "course-summary"  # the same bytes each time: an unchanged summary is not rewritten
+    else:
+        cell.pop("id", None)
+    nb.cells = [cell] + [c for c in nb.cells if not c.get("metadata", {}).get(SUMMARY)]
+    new = nbformat.writes(nb)
+    if new == text:
+        return False
+    _write_atomic(path, new)
+    return True
+
+
+__all__ = ["release_into", "summary_cell", "write_summary", "SUMMARY", "release_notebook", "write_release", "autograded_notebook", "inert_markdown", "timestamp_bytes",
            "nbgrader_time", "learners_timestamp", "write_autograded", "write_feedback_companions"]

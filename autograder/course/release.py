@@ -22,7 +22,8 @@ def release_command(args) -> int:
 
 def release_nbgrader_command(args) -> int:
     """Write each exercise's source and release notebooks into the course folder OUT and its
-    structure into OUT/gradebook.db, so formgrader lists it before anything is graded. Idempotent."""
+    structure into OUT/gradebook.db, so formgrader lists it before anything is graded, and the
+    course's block into OUT/nbgrader_config.py (`nbgrader_buttons`). Idempotent."""
     from ..core.assignments import all_assignments
     from ..core.usage import UsageError, known_assignment
 
@@ -34,14 +35,16 @@ def release_nbgrader_command(args) -> int:
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {safe(out, 300)} is a file, not a folder")
     out.mkdir(parents=True, exist_ok=True)
-    from . import gradebook as gbk
-    from .nbgrader_course import write_release
+    from .nbgrader_course import release_into
 
     url = f"sqlite:///{(out / 'gradebook.db').resolve()}"
-    with gbk.open_gradebook(url) as gb:
-        for a in assignments:
-            for path in write_release(out, a):
-                print(visible(f"wrote {path}"))
-            gbk.sync_assignment(gb, a)
+    for line in release_into(out, assignments, url):
+        print(visible(line))
+    from .nbgrader_buttons import write_config
+
+    path, written = write_config(out)
+    print(visible(f"{'wrote' if written else 'kept'} {path} (formgrader's Generate, Autograde and Generate "
+                  "Feedback buttons go through the course)"))
     print(visible(f"gradebook: {url}"))
     return 0
+

@@ -168,12 +168,16 @@ def final_scores(result: Result, grades: dict | None) -> tuple[float, dict[str, 
 
 
 def feedback_html(result: Result, flags=(), limits: Limits = DEFAULT, grades: dict | None = None,
-                  late=None) -> str:
+                  late=None, comments: dict | None = None) -> str:
     """The learner's feedback page; `flags` are reasons the instructor will look at this submission;
     `grades` (`gradebook.part_grades`) brings the instructor's manual scores; `late`
-    (`deadlines.Lateness`) the due date's sentence and the points it takes off."""
+    (`deadlines.Lateness`) the due date's sentence and the points it takes off; `comments`
+    (`gradebook.part_comments`: part -> the instructor's comments, "" for those of no part) go under
+    their part, the others below the table."""
     result = bounded(result, limits)
     flags = bounded_flags(flags, limits)
+    comments = {str(k): [str(t) for t in v] for k, v in (comments or {}).items()}
+    unplaced = [t for part, texts in comments.items() if part not in result.parts for t in texts]
     score, manual = final_scores(result, grades)
     penalty = float(late.penalty) if late is not None else 0.0
     score = round(max(0.0, score - penalty), 4)
@@ -190,6 +194,8 @@ def feedback_html(result: Result, flags=(), limits: Limits = DEFAULT, grades: di
         shown = (f"{_num(grades[part]['score'])} / {_num(s['max_score'])}<div class='manual'>{e(manual[part])}</div>"
                  if part in manual else f"{_num(s['score'])} / {_num(s['max_score'])}")
         rows.append(f"<tr class='part'><th>{e(safe(part, 100))}</th><th>{shown}</th></tr>")
+        rows += [f"<tr class='comment'><td colspan='2'><b>Your instructor:</b> <span class='said'>{e(text)}</span>"
+                 "</td></tr>" for text in comments.get(part, ())]
         first = {}  # a hint -> the title of the part's first check that gives it: the others point to it
         for c in result.checks:
             if c.part != part:
@@ -213,16 +219,18 @@ def feedback_html(result: Result, flags=(), limits: Limits = DEFAULT, grades: di
     if flags:
         status += ("<p class='error'>Your instructor will look at this submission: "
                    + "; ".join(e(f) for f in flags) + "</p>")
+    said = "".join(f"<p class='said'>{e(t)}</p>" for t in unplaced)
+    said = f"<h2>Comments from your instructor</h2>{said}" if said else ""
     seed = "" if result.seed is None else f"<p class='seed'>Checks seeded with {e(result.seed)}.</p>"
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>Feedback: {e(result.assignment)} ({e(result.student)})</title>
 <style>body{{font-family:sans-serif;max-width:50em;margin:2em auto}}td,th{{padding:.3em .6em;text-align:left;vertical-align:top}}
 tr.part th{{background:#eee}}.hint{{color:#8a3b00;margin-top:.2em}}.error{{color:#a00}}.seed{{color:#666;font-size:small}}
-.manual{{font-weight:normal;font-size:small}}</style></head>
+.manual{{font-weight:normal;font-size:small}}.said{{white-space:pre-wrap}}tr.comment td{{background:#f4f8ff}}</style></head>
 <body><h1>Exercise {e(result.assignment)}</h1>
 <p>Learner: <b>{e(result.student)}</b>. Score: <b>{_num(score)} / {_num(result.max_score)}</b></p>
 {lateness}{status}<table>{''.join(rows)}</table>
-{'<h2>Notes</h2><ul>' + notes + '</ul>' if notes else ''}
+{said}{'<h2>Notes</h2><ul>' + notes + '</ul>' if notes else ''}
 {seed}
 </body></html>
 """

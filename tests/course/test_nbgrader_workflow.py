@@ -204,6 +204,9 @@ def test_a_manual_score_survives_regrades_and_reaches_every_output(course):
     fixed = run_cli("grade", "--assignment", KEY, str(base / "fixed"), "--out", str(d), "--seed", "1", "--force")
     assert fixed.returncode == 0, fixed.stderr[-2000:]
     assert grade_state(d, "bob") == (10, 15, True, True, 21)
+    # the terminal says the final score, the kept manual score and that it needs review (not just "26 / 26")
+    assert ("bob: 21 / 26: automatic 26; set by hand: scaled_dot_product_attention 10 (automatic 15); "
+            "NEEDS REVIEW") in fixed.stdout
     row = csv_rows(d / f"{KEY}_grades.csv")["bob"]
     got = (float(row["score"]), float(row["auto_score"]), row["manual"], row["needs_review"])
     assert got == (21, 26, "True", "True")
@@ -213,6 +216,10 @@ def test_a_manual_score_survives_regrades_and_reaches_every_output(course):
     exported = run_cli("export", "--assignment", KEY, "--out", str(d), "--json")
     assert exported.returncode == 0, exported.stderr[-2000:]
     assert float(csv_rows(d / f"{KEY}_grades.csv")["bob"]["score"]) == 23
+    # saving the score in formgrader was the review: `export` takes off the flag that `grade` set for it
+    assert grade_state(d, "bob") == (12, 15, False, False, 23)
+    assert json.loads(exported.stdout)["final"]["bob"] == ("23 / 26: automatic 26; set by hand: "
+                                                          "scaled_dot_product_attention 12 (automatic 15)")
     page = html.unescape((d / "feedback" / "bob" / KEY / f"{KEY}.html").read_text(encoding="utf-8"))
     assert "Score: <b>23 / 26</b>" in page and "set by your instructor: 12 (automatic: 15)" in page
     assert "alice" not in page
@@ -231,6 +238,120 @@ def test_release_feedback_delivers_our_page_to_the_learner(course):
     [got] = list((learner / KEY / "feedback").rglob(f"{KEY}.html"))
     ours = (d / "feedback" / "alice" / KEY / f"{KEY}.html").read_text(encoding="utf-8")
     assert got.read_text(encoding="utf-8") == ours and "Score: <b>26 / 26</b>" in ours
+
+
+FORMGRADER_BUTTONS = """
+import json, sys
+from nbgrader.apps.api import NbGraderAPI
+from nbgrader.server_extensions.formgrader.formgrader import FormgradeExtension
+
+fg = FormgradeExtension()
+fg.load_config_file()  # the course folder's nbgrader_config.py, as formgrader's every request reads it
+api = NbGraderAPI(fg.coursedir, fg.authenticator, parent=fg)
+key = sys.argv[1]
+print(json.dumps({"autograde": api.autograde(key, "bob"), "generate": api.generate_assignment(key),
+                  "feedback": api.generate_feedback(key, "alice")}))
+"""
+
+
+def set_comment(course: Path, student: str, cell: str, text: str) -> None:
+    """What formgrader's CommentHandler.put does with the comment typed under an answer."""
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
+        gb.find_comment(cell, KEY, KEY, student).manual_comment = text
+        gb.db.commit()
+
+
+@slow
+def test_formgrader_buttons_go_through_the_course_and_comments_reach_the_learner(course):
+    """Does formgrader's Autograde leave everything as it was (saying what to run), Generate write our release
+    notebook, Generate Feedback write our page with the comments typed in formgrader, and do those comments
+    reach the learner through release_feedback?"""
+    d, learner = course["dir"], course["learner"]
+    config = (d / "nbgrader_config.py").read_text()
+    assert config.count("autograder.course.nbgrader_buttons") == 1 and "c.Exchange.root" in config
+    set_comment(d, "alice", "softmax", "Stable and clear: <b>well done</b>.\nSee the note on masks.")
+    set_comment(d, "alice", "masks", "The causal mask could use torch.triu.")
+    kept = {p: p.read_bytes() for p in (d / "autograded").rglob("*") if p.is_file()}
+    secret = d / "feedback" / "alice" / KEY / "submission_secret.txt"
+    secret_text = secret.read_text()
+    state = grade_state(d, "bob")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-c", FORMGRADER_BUTTONS, KEY], cwd=d, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    # Autograde: refused before anything is touched, with the command to run instead
+    assert got["autograde"]["success"] is False
+    assert "python -m autograder grade --assignment 03_qkv" in got["autograde"]["error"]
+    assert {p: p.read_bytes() for p in (d / "autograded").rglob("*") if p.is_file()} == kept
+    assert grade_state(d, "bob") == state
+    # Generate: the release notebook is still the learner notebook (the stubs' code and docstrings kept)
+    assert got["generate"]["success"] is True, got["generate"]
+    released = nbformat.read(str(d / "release" / KEY / f"{KEY}.ipynb"), as_version=4)
+    assert [c.source for c in released.cells] == [c.source for c in learner_notebook(KEY).cells]
+    # Generate Feedback: our page, from the gradebook, with the comments under their parts; the secret kept
+    assert got["feedback"]["success"] is True, got["feedback"]
+    assert secret.read_text() == secret_text
+    page = (d / "feedback" / "alice" / KEY / f"{KEY}.html").read_text(encoding="utf-8")
+    assert "Score: <b>26 / 26</b>" in page and "<b>well done</b>" not in page
+    assert "Stable and clear: &lt;b&gt;well done&lt;/b&gt;.\nSee the note on masks." in page
+    rows = page.split("<tr class='part'>")
+    assert any(r.startswith("<th>softmax</th>") and "Stable and clear" in r for r in rows)
+    assert any(r.startswith("<th>padding_mask</th>") and "torch.triu" in r for r in rows)
+    # nbgrader's own commands read the same configuration: Autograde refused there too
+    cli = subprocess.run([NBGRADER, "autograde", KEY, "--student", "bob", "--force"], cwd=d, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert cli.returncode != 0 and "python -m autograder grade" in cli.stderr + cli.stdout
+    assert {p: p.read_bytes() for p in (d / "autograded").rglob("*") if p.is_file()} == kept
+    # the learner fetches the page with the comments
+    nbgrader("release_feedback", KEY, cwd=d)
+    nbgrader("fetch_feedback", KEY, "--student", "alice", cwd=learner)
+    fetched = [p.read_text(encoding="utf-8") for p in (learner / KEY / "feedback").rglob(f"{KEY}.html")]
+    assert any("The causal mask could use torch.triu." in f for f in fetched)
+
+
+@slow
+def test_the_final_score_agrees_everywhere_with_names_from_the_roster(course):
+    """With a late policy and a roster: do the terminal, the CSV, the LMS files, nbgrader's export, formgrader's
+    list and page, and the feedback page give the same final score, and formgrader the roster's names?"""
+    import datetime as dt
+
+    d, base = course["dir"], course["base"]
+    due = (dt.datetime.now(dt.timezone.utc) - dt.timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    (d / "roster.csv").write_text("student_id,name\nalice,Ada Lovelace\nbob,\"Builder, Bob\"\ncarol,Carol\n")
+    (d / "course.toml").write_text(f'[late]\npolicy = "per_day"\npenalty = 10\n\n[assignments.{KEY}]\n'
+                                   f'due = {due}\n\n[lms]\nroster = "roster.csv"\n')
+    try:
+        exported = run_cli("export", "--assignment", KEY, "--out", str(d))
+        assert exported.returncode == 0, exported.stderr[-2000:]
+        # alice: 26 less one started day at 10 %; bob: the manual 12 in place of 15, less the same
+        expected = {"alice": 23.4, "bob": 20.4, "carol": 0.0}
+        assert "alice: 23.4 / 26: automatic 26; late -2.6" in exported.stdout
+        assert ("bob: 20.4 / 26: automatic 26; set by hand: scaled_dot_product_attention 12 (automatic 15); "
+                "late -2.6") in exported.stdout
+        assert {s: float(r["score"]) for s, r in csv_rows(d / f"{KEY}_grades.csv").items()} == expected
+        canvas = list(csv.reader(open(d / "exports" / f"{KEY}_canvas.csv", encoding="utf-8")))
+        moodle = list(csv.DictReader(open(d / "exports" / f"{KEY}_moodle.csv", encoding="utf-8")))
+        assert {r[3]: float(r[5]) for r in canvas[2:]} == expected
+        assert {r["Username"]: float(r[KEY]) for r in moodle} == expected
+        assert {r[0]: r[3] for r in canvas[2:]}["Ada Lovelace"] == "alice"
+        nbgrader("export", "--to", str(base / "late_grades.csv"), cwd=d)
+        theirs = {r["student_id"]: r for r in csv.DictReader(open(base / "late_grades.csv", encoding="utf-8"))}
+        assert {s: round(float(r["score"]), 4) for s, r in theirs.items()} == expected
+        for student, score in expected.items():
+            page = (d / "feedback" / student / KEY / f"{KEY}.html").read_text(encoding="utf-8")
+            assert f"Score: <b>{score:g} / 26</b>" in page
+            view = html.unescape(render_as_formgrader(d / "autograded" / student / KEY / f"{KEY}.ipynb"))
+            assert f"Final score {score:g} / 26" in view
+        assert "set by hand: scaled_dot_product_attention 12 (automatic 15)" in html.unescape(
+            render_as_formgrader(d / "autograded" / "bob" / KEY / f"{KEY}.ipynb"))
+        names = {s["id"]: (s["first_name"], s["last_name"]) for s in api(d).get_students()}
+        assert names == {"alice": ("Ada", "Lovelace"), "bob": ("Bob", "Builder"), "carol": (None, "Carol")}
+    finally:
+        (d / "course.toml").unlink()
+        assert run_cli("export", "--assignment", KEY, "--out", str(d)).returncode == 0
 
 
 # --- without grading: the autograded notebook and the gradebook's rules -----------------------------
