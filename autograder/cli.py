@@ -204,6 +204,10 @@ def build_parser(prog: str = "python -m autograder") -> argparse.ArgumentParser:
     p.add_argument("--results", default="/autograder/results/results.json", help="where results.json is written")
     p.add_argument("--package", metavar="ZIP", help="write the autograder zip for --assignment instead of grading")
     p.add_argument("--seed", type=int, help="seed the checks (default: a fresh one)")
+    p.add_argument("--config", metavar="FILE",
+                   help="course.toml: with --package, the zip carries its Gradescope settings for --assignment (when "
+                        "learners see each check); when grading, the file to read them from (run_autograder "
+                        "passes the zip's)")
     p.set_defaults(func=_cmd_gradescope)
 
     p = sub.add_parser("mutants", help="grade mutants of the reference answers: would the hidden tests notice?")

@@ -1,10 +1,12 @@
-"""The course's instructor configuration, ``course.toml``: due dates, late policies, LMS columns.
+"""The course's instructor configuration, ``course.toml``: due dates, late policies, LMS columns,
+and what learners see of their Gradescope results.
 
 One TOML file per course (read with `tomllib`), given by ``--config FILE`` or found as
 OUT/course.toml. Every key is checked: a key we do not know (with the nearest one we do),
 a value of the wrong type, an exercise the course does not have, a time zone that is not
 an IANA name, a penalty outside 0-100, a negative grace, a due date that does not exist on
-the clock of the course's time zone, a roster that is missing or malformed: each is a
+the clock of the course's time zone, a roster that is missing or malformed, a Gradescope
+visibility that is not one of Gradescope's four, a part or check the exercise does not have: each is a
 `ConfigError`, one sentence naming the file, the key and the problem, and the command
 exits 2 before anything is graded. The whole schema, as an example, is in
 book/instructors/grading.md ("Due dates and late work"); a test loads that example.
@@ -33,11 +35,17 @@ MOODLE_ID_FIELDS = ("username", "email", "idnumber")
 DEFAULT_CANVAS_ID_COLUMN = "SIS Login ID"
 DEFAULT_MOODLE_ID_FIELD = "username"
 
-TOP_KEYS = ("course", "late", "assignments", "lms")
+# Gradescope's visibility of a test (https://gradescope-autograders.readthedocs.io/en/latest/specs/,
+# "Controlling Test Case Visibility"): always shown, shown once the due date has passed, once the
+# instructor publishes the grades, never shown to learners (instructors always see every test).
+VISIBILITIES = ("visible", "after_due_date", "after_published", "hidden")
+
+TOP_KEYS = ("course", "late", "assignments", "lms", "gradescope")
 COURSE_KEYS = ("timezone",)
 LATE_KEYS = ("policy", "penalty", "grace_minutes", "cutoff_days")
-ASSIGNMENT_KEYS = ("due", "late", "canvas_column", "moodle_item")
+ASSIGNMENT_KEYS = ("due", "late", "canvas_column", "moodle_item", "gradescope_visibility", "gradescope_checks")
 LMS_KEYS = ("canvas_id_column", "moodle_id_field", "roster")
+GRADESCOPE_KEYS = ("visibility",)
 
 
 class ConfigError(UsageError):
@@ -60,6 +68,12 @@ class AssignmentSettings:
     canvas_column: str | None = None
     moodle_item: str | None = None
     timezone: str = "UTC"                 # the course's, for showing the due date
+    gradescope_visibility: str = "visible"  # when learners see a check's test on Gradescope (VISIBILITIES)
+    gradescope_checks: dict = field(default_factory=dict)  # part or check name -> its own visibility
+
+    def check_visibility(self, name: str, part: str) -> str:
+        """The visibility of the check `name` of `part`: its own, else its part's, else the exercise's."""
+        return self.gradescope_checks.get(name) or self.gradescope_checks.get(part) or self.gradescope_visibility
 
 
 @dataclass(frozen=True)
@@ -76,11 +90,13 @@ class CourseConfig:
     lms: LmsSettings = LmsSettings()
     late: LatePolicy = LatePolicy()       # the default late policy ([late])
     assignments: dict = field(default_factory=dict)  # key -> AssignmentSettings (those in the file)
+    gradescope_visibility: str = "visible"  # the default of every exercise ([gradescope] visibility)
 
     def assignment(self, key: str) -> AssignmentSettings:
         """The settings of exercise `key`: the file's, or the defaults (no due date) when it has none."""
         found = self.assignments.get(key)
-        return found if found is not None else AssignmentSettings(key, late=self.late, timezone=self.timezone)
+        return found if found is not None else AssignmentSettings(key, late=self.late, timezone=self.timezone,
+                                                                  gradescope_visibility=self.gradescope_visibility)
 
     @property
     def note(self) -> str:
@@ -200,6 +216,45 @@ def _due(check: _Checker, value, where: str, zone: ZoneInfo) -> dt.datetime:
     raise check.fail(where, f"must be a date and time (e.g. 2026-12-10T23:59:00), not {_kind(value)}")
 
 
+def gradescope_names(key: str) -> tuple[list[str], list[str]]:
+    """(parts, checks) of exercise `key` that `gradescope_checks` may name, read without importing its hidden
+    tests (no torch): the parts from the learner notebook's test cells, the checks (the `test_*` functions of
+    autograder/hidden/test_KEY.py, as the grader names them) from the file's syntax tree; ([], []) where the
+    exercise's files are not there."""
+    import ast
+
+    from ..core.assignments import Assignment
+    from ..core.notebook import NotebookError
+    from ..learner.history import exercise
+
+    a = Assignment(key)
+    try:
+        parts = list(exercise(a).parts)
+        tree = ast.parse(a.hidden_tests.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError, NotebookError):
+        return [], []
+    checks = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+              and n.name.startswith("test_")]
+    return parts, checks
+
+
+def _gradescope_checks(check: _Checker, value, where: str, key: str) -> dict:
+    if not isinstance(value, dict):
+        raise check.fail(where, "must be a table of parts or checks and their visibility, e.g. "
+                                f"{{ softmax = \"visible\" }}, not {_kind(value)}")
+    parts, checks = gradescope_names(key) if value else ([], [])
+    out = {}
+    for name, visibility in value.items():
+        at = _join(where, safe(name, 100))
+        if name not in parts and name not in checks:
+            close = difflib.get_close_matches(name, parts + checks, n=1, cutoff=0.6)
+            hint = (f"did you mean {close[0]!r}?" if close else
+                    f"its parts: {', '.join(parts)}" if parts else "it has none this course can read")
+            raise check.fail(at, f"is not a part or check of {key} ({hint})")
+        out[name] = check.choice(visibility, at, VISIBILITIES)
+    return out
+
+
 def _read_text(check: _Checker, path: Path, where: str, limit: int, encoding: str, name: str = "",
                too_big: str = "") -> str:
     """The text of the file `path` (at most `limit` bytes, in `encoding`), or a ConfigError at `where` that
@@ -268,6 +323,8 @@ def parse_config(text: str, path: Path, course_keys: list[str] | None = None) ->
         moodle_id_field=check.choice(lms_table.get("moodle_id_field", DEFAULT_MOODLE_ID_FIELD),
                                      "lms.moodle_id_field", MOODLE_ID_FIELDS),
         roster=_roster(check, lms_table["roster"]) if "roster" in lms_table else {})
+    gradescope = check.table(data.get("gradescope", {}), "gradescope", GRADESCOPE_KEYS, "visibility")
+    visibility = check.choice(gradescope.get("visibility", "visible"), "gradescope.visibility", VISIBILITIES)
 
     if course_keys is None:
         from ..core.assignments import all_assignments
@@ -283,7 +340,8 @@ def parse_config(text: str, path: Path, course_keys: list[str] | None = None) ->
             close = difflib.get_close_matches(key, course_keys, n=1, cutoff=0.6)
             hint = f"did you mean {close[0]!r}?" if close else f"known: {', '.join(course_keys) or 'none'}"
             raise check.fail(where, f"{safe(key, 100)!r} is not an exercise of the course ({hint})")
-        entry = check.table(value, where, ASSIGNMENT_KEYS, "due, late, canvas_column, moodle_item")
+        entry = check.table(value, where, ASSIGNMENT_KEYS, "due, late, canvas_column, moodle_item, "
+                                                           "gradescope_visibility, gradescope_checks")
         assignments[key] = AssignmentSettings(
             key=key,
             due=_due(check, entry["due"], f"{where}.due", zone) if "due" in entry else None,
@@ -291,8 +349,13 @@ def parse_config(text: str, path: Path, course_keys: list[str] | None = None) ->
             canvas_column=check.string(entry["canvas_column"], f"{where}.canvas_column")
             if "canvas_column" in entry else None,
             moodle_item=check.string(entry["moodle_item"], f"{where}.moodle_item") if "moodle_item" in entry else None,
-            timezone=timezone)
-    return CourseConfig(path=path, timezone=timezone, lms=lms, late=late, assignments=assignments)
+            timezone=timezone,
+            gradescope_visibility=check.choice(entry["gradescope_visibility"], f"{where}.gradescope_visibility",
+                                               VISIBILITIES) if "gradescope_visibility" in entry else visibility,
+            gradescope_checks=_gradescope_checks(check, entry["gradescope_checks"], f"{where}.gradescope_checks",
+                                                 key) if "gradescope_checks" in entry else {})
+    return CourseConfig(path=path, timezone=timezone, lms=lms, late=late, assignments=assignments,
+                        gradescope_visibility=visibility)
 
 
 def load_config(path: str | Path | None, out: Path | None = None) -> CourseConfig:
@@ -309,4 +372,5 @@ def load_config(path: str | Path | None, out: Path | None = None) -> CourseConfi
 
 
 __all__ = ["ConfigError", "LatePolicy", "AssignmentSettings", "LmsSettings", "CourseConfig", "load_config",
-           "parse_config", "POLICIES", "CANVAS_ID_COLUMNS", "MOODLE_ID_FIELDS", "FILE_NAME"]
+           "parse_config", "POLICIES", "CANVAS_ID_COLUMNS", "MOODLE_ID_FIELDS", "FILE_NAME", "VISIBILITIES",
+           "gradescope_names"]

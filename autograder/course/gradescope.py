@@ -10,6 +10,19 @@ unpacked into /autograder/source, the learner's files are in /autograder/submiss
 `test_output_format`, `test_name_format`, and each test's `output_format` and `name_format`:
 "text"), never rendered as HTML or Markdown.
 
+Visibility. When learners see each test is the instructor's choice in course.toml (`[gradescope]
+visibility`, an exercise's `gradescope_visibility` and `gradescope_checks`, course_config.py), in
+the spec's four values: the exercise's is the top-level `visibility`, and every test carries its
+own (its check's entry, else its part's, else the exercise's). Gradescope hides the total while a
+test worth points waits for the due date or for publishing, so the text above the tests then
+leaves the score out too; a notebook that could not be graded is told so at once (top level
+"visible"). `--package --config course.toml` writes these settings of the one exercise into the
+zip (course/course.toml), and run_autograder grades with them.
+
+The zip holds what grading its one exercise needs: the autograder package with that exercise's
+hidden tests only, its reference module, its learner notebook and its master; no other
+exercise's hidden tests, reference or notebook.
+
 Isolation. In Gradescope's container the hidden tests and the reference sit beside the learner's
 code, the whole runs as root, and a learner's code could write results.json itself. The learner's
 worker therefore runs in the course's sandbox (bubblewrap, autograder/isolation/sandbox.py) where it works;
@@ -67,8 +80,13 @@ def not_graded(sentence: str, start: float) -> dict:
             "visibility": "visible", "stdout_visibility": "hidden", "tests": []}
 
 
-def results_of(result, limits, titles: dict, start: float) -> dict:
-    """Gradescope's results.json of a `grader.Result`: one test per hidden check."""
+# Tests shown later: Gradescope hides the total while one of them, worth points, is not shown yet
+LATER = {"after_due_date": "after the due date", "after_published": "once your instructor publishes the grades"}
+
+
+def results_of(result, limits, titles: dict, start: float, settings=None) -> dict:
+    """Gradescope's results.json of a `grader.Result`: one test per hidden check, each with the visibility
+    `settings` (a `course_config.AssignmentSettings`; None: every test visible) gives it."""
     from ..grading.feedback import bounded
     from ..grading.grader import GRADED, GRADER_ERROR
 
@@ -76,17 +94,24 @@ def results_of(result, limits, titles: dict, start: float) -> dict:
     tests = []
     for c in r.checks:
         part = titles.get(c.part) or c.part
+        shown = settings.check_visibility(c.name, c.part) if settings is not None else "visible"
         tests.append({"name": safe(f"{part}: {c.title}", 300), "score": float(c.points),
                       "max_score": float(c.max_points), "status": "passed" if c.passed else "failed",
-                      "output": "" if c.passed else c.hint, **PLAIN_TEST, "visibility": "visible"})
-    lines = [f"{r.assignment}: {r.score:g} / {r.max_score:g} points."]
+                      "output": "" if c.passed else c.hint, **PLAIN_TEST, "visibility": shown})
+    later = [t for t in tests if t["visibility"] in LATER and t["max_score"] > 0]
+    if later:  # the score would tell what the tests held back do
+        when = " or ".join(LATER[v] for v in LATER if any(t["visibility"] == v for t in later))
+        lines = [f"{r.assignment}: your score, and {len(later)} of the {len(tests)} checks, are shown {when}."]
+    else:
+        lines = [f"{r.assignment}: {r.score:g} / {r.max_score:g} points."]
     if r.status == GRADER_ERROR:
         lines.append(f"Some checks could not run: {NOT_YOURS}")
     elif r.status != GRADED:
         lines.append(f"Your notebook was not graded: {r.error}")
     lines += [f"Note: {n}" for n in r.notes]
+    top = settings.gradescope_visibility if settings is not None and r.status in (GRADED, GRADER_ERROR) else "visible"
     return {"score": float(round(r.score, 4)), "execution_time": int(time.monotonic() - start),
-            "output": "\n".join(lines), **PLAIN, "visibility": "visible", "stdout_visibility": "hidden",
+            "output": "\n".join(lines), **PLAIN, "visibility": top, "stdout_visibility": "hidden",
             "tests": tests}
 
 
@@ -260,8 +285,15 @@ def gradescope_command(args) -> int:
     if args.package:
         if not args.assignment:
             raise UsageError("--package needs --assignment KEY: the zip grades one exercise")
-        path = package(args.assignment, Path(args.package))
-        print(f"wrote {path}: upload it as the autograder of a Gradescope programming assignment")
+        from .course_config import CourseConfig, load_config
+
+        config = load_config(args.config) if getattr(args, "config", None) else CourseConfig()
+        path = package(args.assignment, Path(args.package), config)
+        settings = config.assignment(known_assignment(args.assignment).key)
+        own = ", ".join(f"{n}: {v}" for n, v in settings.gradescope_checks.items())
+        print(f"wrote {path}: upload it as the autograder of a Gradescope programming assignment; learners see "
+              f"its tests: {settings.gradescope_visibility}{f' ({own})' if own else ''}"
+              f"{'' if config.path else ' (no --config: the default of course.toml [gradescope] visibility)'}")
         return 0
     return grade(args)
 
@@ -273,6 +305,10 @@ def grade(args) -> int:
     from ..core.limits import DEFAULT
 
     try:
+        from .course_config import CourseConfig, load_config
+
+        # the instructor's settings, packaged with the zip (learners' bytes are never read for them)
+        config = load_config(args.config) if getattr(args, "config", None) else CourseConfig()
         key = args.assignment
         assignment = known_assignment(key) if key else None
         nb, why = find_notebook(Path(args.submission), DEFAULT.notebook_bytes)
@@ -305,7 +341,8 @@ def grade(args) -> int:
 
         grader = course_grader(assignment.key, sandbox=sandbox)
         result = grader.grade(nb, seed=args.seed, label=nb.name)
-        results = results_of(result, grader.limits, exercise(assignment).titles, start)
+        results = results_of(result, grader.limits, exercise(assignment).titles, start,
+                             config.assignment(assignment.key))
         write_results(results_path, results)
         print(f"{assignment.key}: {results['score']:g} / {result.max_score:g} ({result.status}), seed {result.seed}")
         return 3 if result.status == "grader_error" else 0
@@ -363,7 +400,7 @@ PYTHON="${AUTOGRADER_PYTHON:-/opt/attention-course/bin/python3.11}"
 mkdir -p "$ROOT/results"
 cd "$ROOT/source/course" || exit 3
 exec env -i "${keep[@]}" OMP_NUM_THREADS=1 "$PYTHON" -I -c "$LAUNCH" "$PWD" gradescope --assignment __KEY__ \
-    --submission "$ROOT/submission" --results "$ROOT/results/results.json"
+    --config "$PWD/course.toml" --submission "$ROOT/submission" --results "$ROOT/results/results.json"
 """
 # `python -I -m autograder` would not find the course (-I leaves the working folder off sys.path)
 LAUNCH = ("import sys; sys.path.insert(0, sys.argv.pop(1)); from autograder.cli import entry_point; "
@@ -381,7 +418,7 @@ def run_autograder(key: str) -> str:
 
 NOTES = """# The autograder of __KEY__ for Gradescope
 
-Made by `python -m autograder gradescope --assignment __KEY__ --package ZIP`.
+Made by `python -m autograder gradescope --assignment __KEY__ --package ZIP --config course.toml`.
 
 1. In Gradescope: Create Assignment, Programming Assignment; total points __POINTS__.
 2. Configure Autograder: Ubuntu base image (22.04 or later), upload this zip, Update Autograder.
@@ -389,6 +426,7 @@ Made by `python -m autograder gradescope --assignment __KEY__ --package ZIP`.
 3. Test Autograder with the exercise's notebook: learners submit `__KEY__.ipynb` only.
 
 Each hidden check is one test in Gradescope (its name, points and, when failed, its hint).
+When learners see them (`course/course.toml`, from the instructor's course.toml): __SHOWN__.
 The learner's code runs in bubblewrap where the container allows it, else as an unprivileged
 uid that can read neither the course nor the results; where neither works the submission
 gets 0 with a sentence saying it was not graded, and the autograder's output (instructors
@@ -409,24 +447,47 @@ def _pins(root: Path) -> dict:
 
 
 def course_files(root: Path, key: str) -> list[tuple[Path, str]]:
-    """(file, path in the zip) of the course the grader needs: the autograder package with its hidden
-    tests, the reference modules, and the exercises (notebooks and masters); nothing built."""
+    """(file, path in the zip) of what grading exercise `key` needs: the autograder package with `key`'s
+    hidden tests and no other exercise's (nor the hidden tests' authoring guide, README.md), the reference
+    package with `key`'s module only (the references import no other), `key`'s learner notebook and its
+    master (which the grader reads); nothing built."""
+    hidden = root / "autograder" / "hidden"
     out = []
-    for top in ("autograder", "solutions"):
-        for p in sorted((root / top).rglob("*")):
-            rel = p.relative_to(root)
-            if p.is_file() and not p.is_symlink() and "__pycache__" not in rel.parts and p.suffix != ".pyc":
-                out.append((p, f"course/{rel.as_posix()}"))
-    for p in sorted((root / "exercises").glob("*.ipynb")) + sorted((root / "exercises" / "source").glob("*.md")):
-        out.append((p, f"course/{p.relative_to(root).as_posix()}"))
+    for p in sorted((root / "autograder").rglob("*")):
+        rel = p.relative_to(root)
+        if not p.is_file() or p.is_symlink() or "__pycache__" in rel.parts or p.suffix == ".pyc":
+            continue
+        if p.parent == hidden and ((p.name.startswith("test_") and p.name != f"test_{key}.py") or p.suffix == ".md"):
+            continue
+        out.append((p, f"course/{rel.as_posix()}"))
+    for rel in ("solutions/__init__.py", f"solutions/ch{key}.py", f"exercises/{key}.ipynb",
+                f"exercises/source/{key}.md"):
+        out.append((root / rel, f"course/{rel}"))
     return out
 
 
-def package(key: str, zip_path: Path) -> Path:
-    """Write the autograder zip of `key` (nothing is downloaded here; setup.sh installs at image build)."""
+def settings_toml(key: str, settings) -> str:
+    """The course.toml the zip carries: exercise `key`'s Gradescope settings (`AssignmentSettings`), which
+    `course_config.load_config` reads back inside Gradescope (the instructor's file, with its other
+    exercises and its roster, stays home)."""
+    def string(text: str) -> str:  # a TOML basic string: JSON's escapes are TOML's
+        return json.dumps(text, ensure_ascii=True)
+
+    checks = ", ".join(f"{string(n)} = {string(v)}" for n, v in settings.gradescope_checks.items())
+    return (f"# The Gradescope settings of {key}, written by `python -m autograder gradescope --package`\n"
+            f"[assignments.{key}]\ngradescope_visibility = {string(settings.gradescope_visibility)}\n"
+            f"gradescope_checks = {{ {checks} }}\n")
+
+
+def package(key: str, zip_path: Path, config=None) -> Path:
+    """Write the autograder zip of `key` with the Gradescope settings of `config` (a `CourseConfig`; None:
+    the defaults); nothing is downloaded here: setup.sh installs at image build."""
     from ..core.assignments import ROOT, in_checkout
+    from .course_config import CourseConfig
 
     assignment = known_assignment(key)
+    key = assignment.key
+    settings = (config or CourseConfig()).assignment(key)
     if not in_checkout():
         raise UsageError("`gradescope --package` works in a clone of the course's repository")
     pins = _pins(ROOT)
@@ -446,8 +507,10 @@ def package(key: str, zip_path: Path) -> Path:
 
         add("setup.sh", SETUP_SH.replace("__TORCH__", pins.get("torch", "2.13.0")), 0o755)
         add("run_autograder", run_autograder(key), 0o755)
-        add("README.md", NOTES.replace("__KEY__", key).replace("__POINTS__", f"{points:g}"))
+        shown = settings.gradescope_visibility + "".join(f"; {n}: {v}" for n, v in settings.gradescope_checks.items())
+        add("README.md", NOTES.replace("__KEY__", key).replace("__POINTS__", f"{points:g}").replace("__SHOWN__", shown))
         add("requirements-gradescope.txt", requirements)
+        add("course/course.toml", settings_toml(key, settings))
         for path, name in course_files(ROOT, key):
             add(name, path.read_bytes())
     os.replace(tmp, zip_path)
@@ -455,4 +518,4 @@ def package(key: str, zip_path: Path) -> Path:
 
 
 __all__ = ["gradescope_command", "package", "find_notebook", "results_of", "not_graded", "UidIsolation",
-           "course_files"]
+           "course_files", "settings_toml"]

@@ -41,6 +41,15 @@ def test_the_documented_example_loads(tmp_path):
     assert config.assignment("05_multi_head").due is None
     lms = config.lms
     assert (lms.canvas_id_column, lms.moodle_id_field, lms.roster) == ("SIS Login ID", "username", {})
+    # Gradescope: the course's default, an exercise's own, a part and a check of their own
+    assert config.gradescope_visibility == "after_due_date" and sa.gradescope_visibility == "after_due_date"
+    assert qkv.gradescope_visibility == "after_published" and config.assignment("05_multi_head").gradescope_visibility \
+        == "after_due_date"
+    assert qkv.gradescope_checks == {"softmax": "visible", "test_sdpa_dropout": "hidden"}
+    assert qkv.check_visibility("test_softmax_axis", "softmax") == "visible"
+    assert qkv.check_visibility("test_sdpa_dropout", "scaled_dot_product_attention") == "hidden"
+    assert qkv.check_visibility("test_sdpa_half_precision", "scaled_dot_product_attention") == "after_published"
+    assert sa.check_visibility("test_anything", "any_part") == "after_due_date"
 
 
 def test_no_file_means_no_due_dates(tmp_path):
@@ -97,6 +106,25 @@ BAD = [
     ("[lms]\nmoodle_id_field = 'mail'",
      "lms.moodle_id_field must be one of 'username', 'email', 'idnumber', not 'mail'"),
     ("[lms]\nroster = 'missing.csv'", "lms.roster cannot read {dir}/missing.csv (No such file or directory)"),
+    ("[gradescope]\nvisibility = 'after_deadline'", "gradescope.visibility must be one of 'visible', 'after_due_date', "
+     "'after_published', 'hidden', not 'after_deadline'"),
+    ("[gradescope]\nvisibilty = 'hidden'",
+     "gradescope.visibilty is not a setting we know (did you mean 'visibility'?)"),
+    ("gradescope = 'hidden'", "gradescope must be a table (visibility), not a string"),
+    ("[assignments.03_qkv]\ngradescope_visibility = true",
+     "assignments.03_qkv.gradescope_visibility must be one of 'visible', 'after_due_date', 'after_published', "
+     "'hidden', not a boolean"),
+    ("[assignments.03_qkv]\ngradescope_checks = { softmx = 'visible' }",
+     "assignments.03_qkv.gradescope_checks.softmx is not a part or check of 03_qkv (did you mean 'softmax'?)"),
+    ("[assignments.03_qkv]\ngradescope_checks = { nothing_like_it = 'visible' }",
+     "assignments.03_qkv.gradescope_checks.nothing_like_it is not a part or check of 03_qkv (its parts: softmax, "
+     "attention_numpy, scaled_dot_product_attention, padding_mask, causal_mask"),
+    ("[assignments.03_qkv]\ngradescope_checks = { test_softmax_axis = 'later' }",
+     "assignments.03_qkv.gradescope_checks.test_softmax_axis must be one of 'visible', 'after_due_date', "
+     "'after_published', 'hidden', not 'later'"),
+    ("[assignments.03_qkv]\ngradescope_checks = ['softmax']",
+     "assignments.03_qkv.gradescope_checks must be a table of parts or checks and their visibility, e.g. "
+     "{{ softmax = \"visible\" }}, not an array"),
 ]
 
 

@@ -18,6 +18,29 @@ from conftest import mistake, reference_notebook, run_cli, write
 
 KEY = "03_qkv"
 VISIBILITY = {"hidden", "after_due_date", "after_published", "visible"}
+# The instructor's course.toml the zip is packaged with: held back until the due date, but for the
+# part `softmax` (shown at once) and one check never shown; another exercise's due date and a
+# roster that the zip must not need.
+COURSE_TOML = f"""
+[gradescope]
+visibility = "after_due_date"
+
+[assignments.{KEY}]
+gradescope_checks = {{ softmax = "visible", test_sdpa_half_precision = "hidden" }}
+
+[assignments.04_self_attention]
+due = 2026-12-17T23:59:00+01:00
+gradescope_visibility = "after_published"
+
+[lms]
+roster = "roster.csv"
+"""
+
+
+def expected_visibility(check: dict) -> str:
+    """What COURSE_TOML gives the check `check` (a check of `check --json`): its own entry, its part's, the course's."""
+    return {"test_sdpa_half_precision": "hidden"}.get(check["name"]) or \
+        {"softmax": "visible"}.get(check["part"]) or "after_due_date"
 
 
 def assert_spec(results: dict) -> None:
@@ -42,9 +65,13 @@ def assert_spec(results: dict) -> None:
 
 @pytest.fixture(scope="module")
 def autograder_zip(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("zip") / "autograder.zip"
-    proc = run_cli("gradescope", "--assignment", KEY, "--package", str(path))
+    folder = tmp_path_factory.mktemp("zip")
+    (folder / "course.toml").write_text(COURSE_TOML, encoding="utf-8")
+    (folder / "roster.csv").write_text("student_id,name\nalice,Alice\n", encoding="utf-8")
+    path = folder / "autograder.zip"
+    proc = run_cli("gradescope", "--assignment", KEY, "--package", str(path), "--config", str(folder / "course.toml"))
     assert proc.returncode == 0, proc.stderr
+    assert "after_due_date (softmax: visible, test_sdpa_half_precision: hidden)" in proc.stdout
     return path
 
 
@@ -65,7 +92,93 @@ def test_the_zip_holds_the_scripts_and_the_course_and_nothing_else(autograder_zi
     assert tops == {"setup.sh", "run_autograder", "README.md", "requirements-gradescope.txt", "course"}
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc") or n.startswith("course/tests/")]
     assert f"--assignment {KEY}" in (tmp_path / "run_autograder").read_text()
+    assert "--config" in (tmp_path / "run_autograder").read_text()
     assert "download.pytorch.org/whl/cpu" in (tmp_path / "setup.sh").read_text()
+
+
+def test_the_zip_holds_one_exercise_and_its_gradescope_settings(autograder_zip, tmp_path):
+    """Does the zip hold KEY's hidden tests, reference, notebook and master, and no other exercise's (nor the
+    hidden tests' authoring guide), with a course.toml that carries KEY's Gradescope settings only?"""
+    from autograder.core.assignments import all_assignments
+    from autograder.course.course_config import parse_config
+
+    with zipfile.ZipFile(autograder_zip) as z:
+        names = z.namelist()
+        toml = z.read("course/course.toml").decode()
+    others = [a.key for a in all_assignments() if a.key != KEY]
+    assert len(others) >= 8
+    assert not [n for n in names if any(k in n for k in others)], "another exercise's file is in the zip"
+    assert sorted(n for n in names if n.startswith("course/autograder/hidden/")) == [
+        "course/autograder/hidden/__init__.py", "course/autograder/hidden/support.py",
+        f"course/autograder/hidden/test_{KEY}.py"]
+    assert sorted(n for n in names if n.startswith(("course/solutions/", "course/exercises/"))) == [
+        f"course/exercises/{KEY}.ipynb", f"course/exercises/source/{KEY}.md", "course/solutions/__init__.py",
+        f"course/solutions/ch{KEY}.py"]
+    # the settings read back as the instructor's file gave them, with nothing of the roster or exercise 04
+    assert "roster" not in toml and "04_" not in toml
+    (tmp_path / "course.toml").write_text(toml)
+    settings = parse_config(toml, tmp_path / "course.toml", [KEY]).assignment(KEY)
+    assert settings.gradescope_visibility == "after_due_date"
+    assert settings.gradescope_checks == {"softmax": "visible", "test_sdpa_half_precision": "hidden"}
+
+
+def test_a_bad_visibility_is_refused_in_one_line(tmp_path):
+    """Is a visibility Gradescope does not know refused with one line naming the file and the setting (exit 2),
+    both when packaging (no zip) and inside Gradescope (results.json says the autograder is misconfigured)?"""
+    bad = tmp_path / "course.toml"
+    bad.write_text(f'[assignments.{KEY}]\ngradescope_checks = {{ softmax = "after_deadline" }}\n')
+    zip_path = tmp_path / "a.zip"
+    proc = run_cli("gradescope", "--assignment", KEY, "--package", str(zip_path), "--config", str(bad))
+    sentence = (f"{bad}: assignments.{KEY}.gradescope_checks.softmax must be one of 'visible', 'after_due_date', "
+                "'after_published', 'hidden', not 'after_deadline'")
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].endswith(sentence), proc.stderr
+    assert "Traceback" not in proc.stderr and not zip_path.exists()
+    results = tmp_path / "results.json"
+    proc = run_cli("gradescope", "--assignment", KEY, "--config", str(bad), "--submission", str(tmp_path),
+                   "--results", str(results))
+    data = json.loads(results.read_text())
+    assert proc.returncode == 2 and data["score"] == 0.0 and "misconfigured" in data["output"]
+    assert sentence in data["output"] and data["tests"] == []
+
+
+def _result(statuses: dict, status: str = "graded"):
+    """A `grader.Result` of KEY whose checks are (name, part, points, passed) as `statuses` says."""
+    from autograder.grading.grader import CheckResult, Result
+
+    checks = [CheckResult(name=n, part=p, title=f"title of {n}", points=pts if ok else 0.0, max_points=pts, passed=ok,
+                          hint="" if ok else f"hint of {n}") for n, (p, pts, ok) in statuses.items()]
+    return Result(assignment=KEY, notebook="n.ipynb", status=status, error="" if status == "graded" else "broken",
+                  score=sum(c.points for c in checks), max_score=sum(c.max_points for c in checks), checks=checks)
+
+
+def test_each_check_gets_its_own_visibility_and_the_score_waits_with_them():
+    """A check's entry beats its part's, which beats the exercise's, which beats the course's; the top level
+    is the exercise's; while a check worth points waits for the due date, the text above the tests leaves the
+    score out (Gradescope hides the total then); a notebook that could not be graded is told so at once."""
+    from autograder.core.limits import DEFAULT
+    from autograder.course.course_config import AssignmentSettings
+    from autograder.course.gradescope import results_of
+
+    checks = {"test_a": ("softmax", 1.0, True), "test_b": ("softmax", 2.0, False), "test_c": ("masks", 1.0, False)}
+    settings = AssignmentSettings(KEY, gradescope_visibility="after_published",
+                                  gradescope_checks={"softmax": "visible", "test_b": "after_due_date"})
+    data = results_of(_result(checks), DEFAULT, {}, 0.0, settings)
+    assert_spec(data)
+    assert data["visibility"] == "after_published"
+    assert [t["visibility"] for t in data["tests"]] == ["visible", "after_due_date", "after_published"]
+    assert data["score"] == 1.0 and "1 /" not in data["output"] and "/ 4" not in data["output"]
+    assert data["output"].startswith(f"{KEY}: your score, and 2 of the 3 checks, are shown after the due date or "
+                                     "once your instructor publishes the grades.")
+    # checks shown at once or never: the score is said (Gradescope shows the total then too)
+    shown = AssignmentSettings(KEY, gradescope_visibility="hidden", gradescope_checks={"test_a": "visible"})
+    data = results_of(_result(checks), DEFAULT, {}, 0.0, shown)
+    assert data["visibility"] == "hidden" and data["output"].startswith(f"{KEY}: 1 / 4 points.")
+    # not graded: the sentence saying why is shown at once, whatever the setting
+    data = results_of(_result(checks, status="error"), DEFAULT, {}, 0.0, settings)
+    assert data["visibility"] == "visible" and "Your notebook was not graded: broken" in data["output"]
+    # no settings: everything visible, as Gradescope's default
+    data = results_of(_result(checks), DEFAULT, {}, 0.0)
+    assert {data["visibility"], *(t["visibility"] for t in data["tests"])} == {"visible"}
 
 
 def test_package_needs_an_assignment(tmp_path):
@@ -154,6 +267,9 @@ def test_run_autograder_grades_the_reference_and_a_mistake_as_check_does(autogra
     full, proc = grade(reference_notebook(KEY))
     assert full["score"] == sum(t["max_score"] for t in full["tests"]) > 0
     assert all(t["status"] == "passed" for t in full["tests"])
+    # the zip's course.toml reached results.json: the top level and every test (COURSE_TOML)
+    assert full["visibility"] == "after_due_date" and "shown after the due date" in full["output"]
+    assert {t["visibility"] for t in full["tests"]} == {"visible", "hidden", "after_due_date"}
     # Nothing planted reached the grader or the processes it started: only run_autograder's own shell
     # was given the missing library (the loader says so once), the grader ran `python -I`.
     given = dict(x.split("=", 1) for x in Path(f"{started}.env").read_text().split("\0") if "=" in x)
@@ -161,17 +277,25 @@ def test_run_autograder_grades_the_reference_and_a_mistake_as_check_does(autogra
     assert Path(f"{started}.argv").read_text().split("\n")[0] == "-I"
     assert poison.ran() == [] and proc.stderr.count(str(poison.library)) == 1, proc.stderr[-3000:]
 
-    # a mistake, graded with a fixed seed: the same points per check as the learner's `check`
+    # a mistake, graded by the unpacked zip's own course (as run_autograder starts it, with a fixed seed):
+    # the same points per check as the learner's `check`, each test with its visibility
+    from autograder.course.gradescope import LAUNCH
+
+    course = tree / "source" / "course"
     wrong = write(mistake(KEY, ("math.sqrt(d_k)", "d_k"))(), tmp_path / "mistake" / f"{KEY}.ipynb")
     results = tmp_path / "mistake-results.json"
-    proc = run_cli("gradescope", "--assignment", KEY, "--submission", str(wrong.parent), "--results", str(results),
-                   "--seed", "7")
+    proc = subprocess.run([sys.executable, "-I", "-c", LAUNCH, str(course), "gradescope", "--assignment", KEY,
+                           "--config", str(course / "course.toml"), "--submission", str(wrong.parent), "--results",
+                           str(results), "--seed", "7"], cwd=course, env=dict(os.environ, OMP_NUM_THREADS="1"),
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     data = json.loads(results.read_text())
     assert_spec(data)
     checked = json.loads(run_cli("check", str(wrong), "--json", "--seed", "7").stdout)
     assert data["score"] == checked["score"] < full["score"]
     assert [t["score"] for t in data["tests"]] == [float(c["points"]) for c in checked["checks"]]
+    assert [t["visibility"] for t in data["tests"]] == [expected_visibility(c) for c in checked["checks"]]
+    assert data["visibility"] == "after_due_date" and f"{checked['score']:g} /" not in data["output"]
     failed = [t for t in data["tests"] if t["status"] == "failed"]
     assert failed and all(t["output"] for t in failed)  # a hint for every failed check
 
