@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "course")]
 
 from autograder.core.assignments import get_assignment  # noqa: E402
 from autograder.authoring.generate import read_master  # noqa: E402
@@ -116,7 +116,8 @@ def main() -> None:
             print(f"{key}: {args.n} submissions; reading {t1 - t0:.2f} s, similarity report {t2 - t1:.2f} s "
                   f"({(t2 - t1) / (t1 - t0):.1f}x reading; CPU {c1 - c0:.2f} s and {c2 - c1:.2f} s); "
                   f"{report['compared']} compared, "
-                  f"{len(report['identical'])} identical groups, {report['near_pairs_total']} near-duplicate pairs")
+                  f"{len(report['identical'])} identical groups, {report['near_pairs_total']} near-duplicate pairs, "
+                  f"{report['shared_pairs_total']} pairs sharing parts")
 
 
 if __name__ == "__main__":

@@ -21,9 +21,9 @@ every fingerprint set (below), so that everyone sharing the stubs makes no two l
 docstrings, formatting and the learner's own names are gone before anything is compared.
 
 **Exact matches** compare the normalised answers: a submission equal to the reference in a
-part, and groups of learners whose answers are equal in every part they answered. Parts whose
-answers hold fewer than `MIN_TOKENS` tokens beyond the stubs together (``padding_mask`` is one line
-that many write alike) do not flag a submission.
+part, and groups of learners whose answers are equal in every part they answered (equal in some
+parts only: shared parts, below). Parts whose answers hold fewer than `MIN_TOKENS` tokens beyond
+the stubs together (``padding_mask`` is one line that many write alike) do not flag a submission.
 
 **Near-duplicates.** Each part's normalised token stream is cut into k-grams (`K` tokens),
 hashed, and winnowed (the minimum of every window of `WINDOW` hashes is kept: Schleimer,
@@ -40,13 +40,39 @@ torch.softmax; attention with einsum or matmul) score 0.055-0.088 as whole submi
 still flagged by its parts equal to the reference). 0.7 sits far above the first and below
 nearly all of the second.
 
+**Shared parts** between learners, part by part, because a learner who copies four parts of five
+and writes the fifth is neither identical nor, when the fifth is long, a near-duplicate (0.49-0.78
+as whole submissions in the tests). Two learners share a part when their answers to it are equal
+after normalisation, or near: the part's Jaccard similarity at least `THRESHOLD`, both answers
+with `MIN_FINGERPRINTS`. A pair is flagged, with the parts it shares named, when those parts hold
+at least `MIN_TOKENS` tokens beyond the stubs together (in a near part, the fewer of the two
+answers'), leaving out a part where either answer is equal or near to the reference's: what they
+share there is mostly the public reference, whose copies the reference section lists, and
+counting it would pair every two learners who start from the reference (38 learners of
+06_transformer, each the reference with another typical mistake, make 666 near-duplicate pairs
+and no pair sharing parts). A part shorter than `MIN_TOKENS` never flags alone, and counts with
+the other parts shared like them: `MIN_TOKENS` bounds how much code two learners may write alike
+by chance, in one part or several, as it does for the exact matches (03_qkv's one-line masks
+are written alike by many and hold 36 tokens together, below 40). Calibrated per part by the
+same tests (``pytest -s tests/course/test_similarity.py -k "not_shared or share_no_parts"``
+prints the numbers): independent implementations of a part score at most 0.231 against each
+other (softmax 0.152, attention_numpy 0.169, scaled_dot_product_attention 0.086, padding_mask
+0.231, causal_mask 0.136; the three implementations, and the reference with each typical
+mistake against the two others), and no two such learners share a part; a part copied and
+then edited by one of the typical mistakes scores 0.188-0.893 against the original (03_qkv, 17
+parts, 11 at least 0.7) and 0.212-0.955 (06_transformer, 47 parts, 36). So the threshold
+serves parts unchanged: an edited part below it is not shared, and the parts left as copied
+are equal.
+
 **Speed.** Each distinct cell is parsed once and each of its statements walked once (what
 normalising needs is recorded then); normalising renames the parsed tree in place and undoes it
 (no copies), and identical cells, statements and answers are normalised and fingerprinted once
 per report. Parsing and ``ast.unparse`` are then most of the cost. Identical answers are grouped;
 the distinct ones' fingerprints that occur in two or more of them form a 0/1 matrix whose product
-with itself (NumPy) counts every pair's shared fingerprints at once; only the `PAIRS_SHOWN` most
-similar pairs become entries of the report, the rest are counted and grouped. 300 submissions take
+with itself (NumPy) counts every pair's shared fingerprints at once, for whole submissions and
+for each part's distinct answers; the tokens each pair shares are summed as matrices, part by
+part. Only the `PAIRS_SHOWN` most similar pairs, and the `PAIRS_SHOWN` pairs sharing the most
+tokens, become entries of the report; the rest are counted and grouped. 300 submissions take
 a few seconds (benchmarks/similarity_bench.py; its output is in benchmarks/README.md).
 """
 
@@ -68,17 +94,19 @@ from ..core.usage import UsageError, known_assignment
 from .fingerprints import K, WINDOW, Answers, Exercise, NotCompared, kgrams, winnow
 
 THRESHOLD = 0.7
-"""Jaccard similarity from which two submissions (or one and the reference) are near-duplicates;
-calibrated by tests/course/test_similarity.py (independent implementations below 0.5, disguised copies
-above 0.8)."""
+"""Jaccard similarity from which two submissions (or one and the reference), or two answers to one part,
+are near-duplicates; calibrated by tests/course/test_similarity.py (independent implementations below
+0.5, disguised copies above 0.8)."""
 MIN_TOKENS = 40
-"""Answer tokens (beyond the stubs) that exact matches need to flag a submission: the two one-line masks
-of 03_qkv hold 36 together and are written alike by many; its softmax alone holds 44."""
+"""Answer tokens (beyond the stubs) that exact matches, and the parts two learners share, need to flag a
+submission or a pair: the two one-line masks of 03_qkv hold 36 together and are written alike by many;
+its softmax alone holds 44."""
 MIN_FINGERPRINTS = 8
-"""Fingerprints (after the given code's are removed) a submission needs to be a near-duplicate:
-below that, a Jaccard similarity says nothing."""
+"""Fingerprints (after the given code's are removed) a submission, or an answer to a part, needs to be
+a near-duplicate: below that, a Jaccard similarity says nothing."""
 PAIRS_SHOWN = 500
-"""Near-duplicate pairs listed in the report; the rest are counted (their groups are all listed)."""
+"""Near-duplicate pairs, and pairs sharing parts, listed in the report; the rest are counted (their groups
+are all listed)."""
 NAME_CHARS = 120
 
 
@@ -115,8 +143,102 @@ def _similarities(sets: list[set]):
         return np.where(union > 0, shared / union, 0.0), sizes
 
 
+class _Part:
+    """One part across the distinct submissions `reps`: which distinct answer each gives (-1: none),
+    which pairs of distinct answers are near (the part's Jaccard similarity at least THRESHOLD, both
+    with MIN_FINGERPRINTS), which answers are equal or near to the reference's, and their tokens."""
+
+    def __init__(self, part: str, reps: list[Answers], ref: Answers | None):
+        import numpy as np
+
+        texts: dict[str, int] = {}
+        sets: list = []
+        self.part, self.ids = part, np.full(len(reps), -1)
+        for i, r in enumerate(reps):
+            t = r.text.get(part)
+            if t is not None:
+                self.ids[i] = texts.setdefault(t, len(texts))
+                if self.ids[i] == len(sets):
+                    sets.append(r.fingerprints.get(part, set()))
+        k = None
+        if ref is not None and part in ref.text:  # the reference's answer: one of them, or one more row
+            k = texts.get(ref.text[part])
+            if k is None:
+                k = len(sets)
+                sets.append(ref.fingerprints.get(part, set()))
+        sim, sizes = _similarities(sets or [set()])
+        big = sizes >= MIN_FINGERPRINTS
+        self.shared = (sim >= THRESHOLD) & big[:, None] & big[None, :]
+        np.fill_diagonal(self.shared, True)  # equal answers are shared, however short
+        like = self.shared[:, k] if k is not None else np.zeros(len(self.shared), dtype=bool)
+        self.reference = (self.ids >= 0) & like[np.maximum(self.ids, 0)]
+        self.tokens = np.array([r.tokens.get(part, 0) for r in reps], dtype=np.int64)
+
+    def counted(self):
+        """The tokens each pair of distinct submissions shares in this part (a NumPy matrix): the
+        fewer of their two answers' where they share it, none where either is equal or near to the
+        reference's (then what they share is mostly the reference's)."""
+        import numpy as np
+
+        at = np.maximum(self.ids, 0)
+        answered = self.ids >= 0
+        own = ~(self.reference[:, None] | self.reference[None, :])
+        shared = self.shared[at][:, at] & answered[:, None] & answered[None, :] & own
+        return np.where(shared, np.minimum.outer(self.tokens, self.tokens), 0)
+
+    def relation(self, i: int, j: int) -> str:
+        """How distinct submissions i and j relate in this part: "equal", "near" or "" (neither, or unanswered)."""
+        a, b = int(self.ids[i]), int(self.ids[j])
+        if a < 0 or b < 0:
+            return ""
+        return "equal" if a == b else "near" if self.shared[a, b] else ""
+
+
+def _components(n: int, rows, cols) -> list[list[int]]:
+    """The connected components of more than one of n nodes joined by the edges (rows[k], cols[k])."""
+    parent = list(range(n))
+
+    def find(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for i, j in zip(rows, cols):
+        parent[find(int(i))] = find(int(j))
+    found: dict[int, list[int]] = {}
+    for i in range(n):
+        found.setdefault(find(i), []).append(i)
+    return [g for g in found.values() if len(g) > 1]
+
+
+def _pairs(members: list[list[Answers]], flagged, score, entry, key) -> tuple[list, int, list]:
+    """The pairs of learners behind the flagged pairs of distinct submissions (a NumPy 0/1 upper
+    triangle): the first PAIRS_SHOWN by `score` (higher first) as `entry(i, j)` with their names,
+    sorted by `key`, the number of them all, and their groups (connected components)."""
+    import numpy as np
+
+    reps = [ms[0] for ms in members]
+    rows, cols = np.nonzero(flagged)
+    counts = np.array([len(ms) for ms in members])
+    total = int((counts[rows] * counts[cols]).sum())
+    order = sorted(range(len(rows)), key=lambda n: (-score[rows[n], cols[n]], reps[rows[n]].who, reps[cols[n]].who))
+    listed = []
+    for n in order:
+        if len(listed) >= PAIRS_SHOWN:
+            break
+        i, j = int(rows[n]), int(cols[n])
+        found = entry(i, j)
+        for a in members[i]:
+            for b in members[j]:
+                listed.append({"students": sorted((a.who, b.who)), **found})
+    listed.sort(key=key)
+    groups = [sorted(a.who for i in g for a in members[i]) for g in _components(len(reps), rows, cols)]
+    return listed[:PAIRS_SHOWN], total, sorted(groups, key=lambda g: (-len(g), g))
+
+
 def compare(exercise: Exercise, subs: list[Answers]) -> dict:
-    """The report's content: reference matches, identical groups and near-duplicate pairs."""
+    """The report's content: reference matches, identical groups, near-duplicate pairs and pairs sharing parts."""
     ref = exercise.reference
     parts = exercise.parts
     # submissions equal to the reference, part by part
@@ -147,54 +269,39 @@ def compare(exercise: Exercise, subs: list[Answers]) -> dict:
                               == {p: ref.text[p] for p in members[0].text if p in ref.text}
                               and all(p in ref.text for p in members[0].text)})
     identical.sort(key=lambda g: (-len(g["students"]), g["students"]))
-    # near-duplicates among the distinct answers: every pair is counted and grouped, the first
-    # PAIRS_SHOWN (most similar first) are listed
+    out = {"reference": sorted(reference, key=lambda r: r["student"]), "identical": identical,
+           "near_pairs": [], "near_pairs_total": 0, "near_groups": [],
+           "shared_pairs": [], "shared_pairs_total": 0, "shared_groups": []}
+    # pairs among the distinct answers (identical ones are one member): every pair is counted and
+    # grouped, the first PAIRS_SHOWN are listed
     members = list(groups.values())
     reps = [ms[0] for ms in members]
-    pairs, total = [], 0
-    parent = list(range(len(reps)))
+    if len(reps) < 2:
+        return out
+    import numpy as np
 
-    def find(x: int) -> int:
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
+    by_part = [_Part(p, reps, ref) for p in parts]
+    # near-duplicates: the whole submissions' Jaccard similarity, most similar first
+    sim, sizes = _similarities([r.all_fingerprints() for r in reps])
+    big = sizes >= MIN_FINGERPRINTS
+    near = np.triu((sim >= THRESHOLD) & big[:, None] & big[None, :], 1)
+    out["near_pairs"], out["near_pairs_total"], out["near_groups"] = _pairs(
+        members, near, sim, lambda i, j: {"similarity": round(float(sim[i, j]), 3),
+                                          "parts": [x.part for x in by_part if x.relation(i, j)]},
+        lambda p: (-p["similarity"], p["students"]))
+    # shared parts: the tokens of the parts two learners share (the reference's aside), most first
+    counted = sum(x.counted() for x in by_part)
 
-    if len(reps) > 1:
-        import numpy as np
+    def shared(i: int, j: int) -> dict:
+        how = [(x, x.relation(i, j)) for x in by_part]
+        return {"parts": [x.part for x, r in how if r], "near_parts": [x.part for x, r in how if r == "near"],
+                "reference_parts": [x.part for x, r in how if r and (x.reference[i] or x.reference[j])],
+                "answered": sum(1 for x in by_part if x.ids[i] >= 0 and x.ids[j] >= 0),
+                "tokens": int(counted[i, j])}
 
-        sim, sizes = _similarities([r.all_fingerprints() for r in reps])
-        big = sizes >= MIN_FINGERPRINTS
-        rows, cols = np.nonzero(np.triu((sim >= THRESHOLD) & big[:, None] & big[None, :], 1))
-        for i, j in zip(rows.tolist(), cols.tolist()):
-            parent[find(i)] = find(j)
-        counts = np.array([len(ms) for ms in members])
-        total = int((counts[rows] * counts[cols]).sum())
-        order = sorted(range(len(rows)), key=lambda n: (-sim[rows[n], cols[n]], reps[rows[n]].who, reps[cols[n]].who))
-        for n in order:
-            if len(pairs) >= PAIRS_SHOWN:
-                break
-            i, j = int(rows[n]), int(cols[n])
-            concerned = []
-            for p in parts:
-                if p in reps[i].text and p in reps[j].text:
-                    if reps[i].text[p] == reps[j].text[p] or jaccard(
-                            reps[i].fingerprints.get(p, set()), reps[j].fingerprints.get(p, set())) >= THRESHOLD:
-                        concerned.append(p)
-            for a in members[i]:
-                for b in members[j]:
-                    x, y = sorted((a.who, b.who))
-                    pairs.append({"students": [x, y], "similarity": round(float(sim[i, j]), 3), "parts": concerned})
-    pairs.sort(key=lambda p: (-p["similarity"], p["students"]))
-    pairs = pairs[:PAIRS_SHOWN]
-    # groups: connected components of the near-duplicate pairs (identical answers are one member)
-    components: dict[int, list[int]] = {}
-    for i in range(len(reps)):
-        components.setdefault(find(i), []).append(i)
-    near_groups = [sorted(a.who for i in g for a in members[i]) for g in components.values() if len(g) > 1]
-    return {"reference": sorted(reference, key=lambda r: r["student"]), "identical": identical,
-            "near_pairs": pairs, "near_pairs_total": total,
-            "near_groups": sorted(near_groups, key=lambda g: (-len(g), g))}
+    out["shared_pairs"], out["shared_pairs_total"], out["shared_groups"] = _pairs(
+        members, np.triu(counted >= MIN_TOKENS, 1), counted, shared, lambda p: (-p["tokens"], p["students"]))
+    return out
 
 
 # --- reading --------------------------------------------------------------------------------
@@ -278,7 +385,11 @@ def similarity_report(paths: list[str], key: str, out: Path | None = None, limit
     return {
         "assignment": key, "compared": len(subs), "parts": exercise.parts,
         "method": {"k": K, "window": WINDOW, "threshold": THRESHOLD, "min_tokens": MIN_TOKENS,
-                   "measure": "Jaccard similarity of winnowed k-gram fingerprints of the normalised answers"},
+                   "min_fingerprints": MIN_FINGERPRINTS,
+                   "measure": "Jaccard similarity of winnowed k-gram fingerprints of the normalised answers",
+                   "shared_parts": "a part is shared when the two answers are equal, or near (its Jaccard similarity "
+                                   "at least the threshold); a pair is listed when its shared parts, less those where "
+                                   "an answer is equal or near to the reference's, hold at least min_tokens tokens"},
         "reference_available": exercise.reference is not None,
         **found,
         "notes": [{"student": a.who, "note": safe(n, limits.note_chars)} for a in subs for n in a.notes],
@@ -294,7 +405,18 @@ def summary(report: dict) -> str:
     return (f"similarity {report['assignment']}: {report['compared']} submissions compared"
             f" ({report['not_compared_total']} not compared): {len(report['reference'])} equal or near to the "
             f"reference, {len(ident)} groups of identical answers ({sum(len(g['students']) for g in ident)} "
-            f"submissions), {report['near_pairs_total']} near-duplicate pairs (Jaccard >= {THRESHOLD})")
+            f"submissions), {report['near_pairs_total']} near-duplicate pairs (Jaccard >= {THRESHOLD}), "
+            f"{report['shared_pairs_total']} pairs sharing parts")
+
+
+def _shared(pair: dict) -> str:
+    """A pair's shared parts, each marked when near (not equal) or like the reference (not counted)."""
+    def marks(p: str) -> str:
+        got = [m for m, where in (("near", "near_parts"), ("like the reference", "reference_parts"))
+               if p in pair[where]]
+        return f" ({', '.join(got)})" if got else ""
+
+    return ", ".join(p + marks(p) for p in pair["parts"])
 
 
 def _parts(parts: list[str]) -> str:
@@ -323,6 +445,16 @@ def report_text(report: dict) -> str:
         lines.append(f"  … {report['near_pairs_total'] - len(report['near_pairs']):,} more pairs (see the groups)")
     lines.append("Near-duplicate groups:")
     for g in report["near_groups"]:
+        lines.append(f"  {', '.join(g)}")
+    lines.append("Shared parts (pairs; tokens beyond the stubs, in the parts not like the reference):")
+    for p in report["shared_pairs"]:
+        lines.append(f"  {p['students'][0]} ~ {p['students'][1]}: {len(p['parts'])} of {p['answered']} parts "
+                     f"shared: {_shared(p)}; {p['tokens']} tokens")
+    if report["shared_pairs_total"] > len(report["shared_pairs"]):
+        more = report["shared_pairs_total"] - len(report["shared_pairs"])
+        lines.append(f"  … {more:,} more pairs (see the groups)")
+    lines.append("Groups sharing parts:")
+    for g in report["shared_groups"]:
         lines.append(f"  {', '.join(g)}")
     for n in report["notes"]:
         lines.append(f"note: {n['student']}: {n['note']}")
@@ -362,6 +494,13 @@ def report_html(report: dict) -> str:
             (f"<p>… {r['near_pairs_total'] - len(r['near_pairs']):,} more pairs (see the groups)</p>"
              if r["near_pairs_total"] > len(r["near_pairs"]) else ""),
             "<h2>Near-duplicate groups</h2>", table(("students",), [(", ".join(g),) for g in r["near_groups"]]),
+            "<h2>Shared parts</h2>",
+            table(("student", "student", "parts shared", "of parts both answered", "tokens"),
+                  [(p["students"][0], p["students"][1], _shared(p), p["answered"], p["tokens"])
+                   for p in r["shared_pairs"]]),
+            (f"<p>… {r['shared_pairs_total'] - len(r['shared_pairs']):,} more pairs (see the groups)</p>"
+             if r["shared_pairs_total"] > len(r["shared_pairs"]) else ""),
+            "<h2>Groups sharing parts</h2>", table(("students",), [(", ".join(g),) for g in r["shared_groups"]]),
             "<h2>Notes and submissions not compared</h2>",
             table(("student", "note"), [(n["student"], n["note"]) for n in r["notes"]]
                   + [(n["student"] or "-", "not compared: " + n["reason"]) for n in r["not_compared"]])]

@@ -10,8 +10,8 @@ import re
 import pytest
 
 from autograder.core.assignments import get_assignment
-from autograder.course.similarity import (THRESHOLD, Exercise, compare, exercise_for, jaccard, parse_notebook,
-                                          report_html)
+from autograder.course.similarity import (MIN_TOKENS, THRESHOLD, Exercise, compare, exercise_for, jaccard,
+                                          parse_notebook, report_html)
 from chapters.ch03_qkv import MISTAKES
 from conftest import run_cli
 
@@ -115,6 +115,117 @@ def test_independent_implementations_stay_below_half(exercise):
     assert worst < 0.5
     report = compare(exercise, subs[1:])
     assert report["reference"] == [] and report["identical"] == [] and report["near_pairs"] == []
+
+
+def test_independent_parts_are_not_shared(exercise):
+    """Is no pair of learners who write each part independently flagged as sharing parts: three who take
+    each part from another of the three implementations, and each of the two others against the reference
+    with one of the chapter's typical mistakes? Prints the per-part calibration (pytest -s): independent
+    implementations of a part against each other, and a part copied and edited by a typical mistake
+    against the original."""
+    impls = {"ref": reference_answers(), "lse": LOGSUMEXP, "torch": THROUGH_TORCH}
+    whole = [exercise.answers(notebook(a), who) for who, a in impls.items()]
+    cells = list(PARTS)
+    square = [exercise.answers(notebook({g: list(impls.values())[(k + n) % 3][g] for n, g in enumerate(cells)}),
+                               f"mixed{k}") for k in range(3)]
+    report = compare(exercise, square)
+    assert report["shared_pairs"] == [] and report["shared_pairs_total"] == 0 and report["shared_groups"] == []
+    independent = {p: 0.0 for p in exercise.parts}
+    for i in range(3):
+        for j in range(i + 1, 3):
+            for p in exercise.parts:
+                independent[p] = max(independent[p], jaccard(whole[i].fingerprints[p], whole[j].fingerprints[p]))
+    edited, mistaken = [], []
+    for name, mistake in MISTAKES.items():
+        if not mistake.edits:
+            continue
+        sub = exercise.answers(notebook(with_mistake(reference_answers(), mistake.edits)), name)
+        mistaken.append(sub)
+        report = compare(exercise, [sub, *whole[1:]])
+        assert report["shared_pairs"] == [] and report["identical"] == [] and report["near_pairs"] == [], name
+        for p in exercise.parts:
+            for other in whole[1:]:
+                independent[p] = max(independent[p], jaccard(sub.fingerprints[p], other.fingerprints[p]))
+            if sub.text[p] != exercise.reference.text[p]:
+                edited.append(jaccard(sub.fingerprints[p], exercise.reference.fingerprints[p]))
+    assert max(independent.values()) < 0.5
+    print(f"\nindependent, per part, at most: {', '.join(f'{p} {v:.3f}' for p, v in independent.items())}"
+          f"\nedited by a typical mistake, the part against the original: {min(edited):.3f}-{max(edited):.3f} "
+          f"({len(edited)} parts, {sum(v >= THRESHOLD for v in edited)} at least {THRESHOLD})")
+    assert sorted(edited)[1] > max(independent.values())  # all above the independent ones but one short mask
+    # learners who each make another mistake in the reference share nothing beyond the reference
+    report = compare(exercise, mistaken)
+    assert report["near_pairs_total"] > 0 and report["shared_pairs_total"] == 0
+
+
+COPIED = {"m": "top", "lse": "log_norm", "logits": "s", "p": "probs", "i": "idx", "a": "sc", "w": "wts"}
+
+
+def copy_of(answers: dict[str, str], written_apart: str, instead: dict[str, str]) -> dict[str, str]:
+    """A learner's copy of another's answers, renamed and re-commented, but for the cell `written_apart`,
+    taken from `instead`."""
+    copy = {gid: disguise(src, COPIED).replace("):\n", "):\n    # worked this out myself\n", 1)
+            for gid, src in answers.items()}
+    return dict(copy, **{written_apart: instead[written_apart]})
+
+
+@pytest.mark.parametrize("written_apart", list(PARTS))
+@pytest.mark.parametrize("own", ["lse", "torch"])
+def test_copies_of_all_parts_but_one_are_flagged_per_part(exercise, own, written_apart):
+    """Is a learner who copies another's answers but for one cell flagged as sharing exactly the parts copied,
+    whatever the whole submissions' similarity (0.49-0.78 here, below the threshold for half of them)?"""
+    mine, other = (LOGSUMEXP, THROUGH_TORCH) if own == "lse" else (THROUGH_TORCH, LOGSUMEXP)
+    a = exercise.answers(notebook(mine), "a")
+    b = exercise.answers(notebook(copy_of(mine, written_apart, other)), "b")
+    report = compare(exercise, [a, b])
+    assert report["identical"] == []
+    [pair] = report["shared_pairs"]
+    assert pair["students"] == ["a", "b"] and pair["answered"] == 5 and pair["near_parts"] == []
+    assert pair["parts"] == [p for p in exercise.parts if p not in PARTS[written_apart]]
+    assert pair["tokens"] == sum(a.tokens[p] for p in pair["parts"]) and report["shared_groups"] == [["a", "b"]]
+
+
+def test_a_short_part_shared_alone_is_not_flagged(exercise):
+    """Are two learners who share only one short part (a mask of 26 tokens), or only the reference's two masks,
+    not flagged, while the part is still compared (named when a longer one is shared too)?"""
+    lse_causal = LOGSUMEXP["masks"].split("\n\n\n")[1]
+    torch_padding = THROUGH_TORCH["masks"].split("\n\n\n")[0]
+    a = exercise.answers(notebook(LOGSUMEXP), "a")
+    b = exercise.answers(notebook(dict(THROUGH_TORCH, masks=torch_padding + "\n\n\n" + lse_causal)), "b")
+    assert a.text["causal_mask"] == b.text["causal_mask"] and a.tokens["causal_mask"] < MIN_TOKENS
+    report = compare(exercise, [a, b])
+    assert report["shared_pairs"] == [] and report["shared_pairs_total"] == 0
+    masks = reference_answers()["masks"]
+    c, d = (exercise.answers(notebook(dict(impl, masks=masks)), w)
+            for w, impl in (("c", LOGSUMEXP), ("d", THROUGH_TORCH)))
+    assert compare(exercise, [c, d])["shared_pairs"] == []
+    e = exercise.answers(notebook(dict(THROUGH_TORCH, masks=torch_padding + "\n\n\n" + lse_causal,
+                                       softmax=LOGSUMEXP["softmax"])), "e")
+    [pair] = compare(exercise, [a, e])["shared_pairs"]
+    assert pair["parts"] == ["softmax", "causal_mask"]
+    assert pair["tokens"] == a.tokens["softmax"] + a.tokens["causal_mask"]
+
+
+def test_a_copied_part_edited_is_near_and_the_reference_is_not_counted(exercise):
+    """Is a copied part with one statement added shared as near, and are parts that both learners hand in
+    like the reference named but not counted?"""
+    ref = reference_answers()
+    mine = dict(LOGSUMEXP, softmax=ref["softmax"], masks=ref["masks"])
+    edited = copy_of(mine, "masks", mine)
+    edited["scaled_dot_product_attention"] = edited["scaled_dot_product_attention"].replace(
+        "    return", "    probs = probs.contiguous()\n    return")
+    a, b = exercise.answers(notebook(mine), "a"), exercise.answers(notebook(edited), "b")
+    [pair] = compare(exercise, [a, b])["shared_pairs"]
+    assert pair["near_parts"] == ["scaled_dot_product_attention"]
+    assert pair["reference_parts"] == ["softmax", "padding_mask", "causal_mask"]
+    assert pair["parts"] == exercise.parts
+    assert pair["tokens"] == a.tokens["attention_numpy"] + min(a.tokens["scaled_dot_product_attention"],
+                                                                b.tokens["scaled_dot_product_attention"])
+    # the reference's parts alone: both flagged against the reference, not as a pair
+    ref_two = {"softmax": ref["softmax"], "attention_numpy": ref["attention_numpy"]}
+    only_ref = [exercise.answers(notebook(dict(impl, **ref_two)), w) for w, impl in (("c", LOGSUMEXP), ("d", THROUGH_TORCH))]
+    report = compare(exercise, only_ref)
+    assert report["shared_pairs"] == [] and {r["student"] for r in report["reference"]} == {"c", "d"}
 
 
 @pytest.mark.parametrize("mistake", [m for m in MISTAKES if MISTAKES[m].edits])
@@ -226,9 +337,12 @@ def test_html_escapes_every_field():
     evil = "<img src=x onerror=alert(1)>"
     report = {"assignment": KEY, "compared": 1, "not_compared_total": 1, "reference": [], "identical": [],
               "near_pairs": [], "near_pairs_total": 0, "near_groups": [[evil]], "reference_available": True,
+              "shared_pairs": [{"students": [evil, evil], "parts": [evil], "near_parts": [evil],
+                                "reference_parts": [], "answered": 1, "tokens": 50}],
+              "shared_pairs_total": 1, "shared_groups": [[evil]],
               "notes": [{"student": evil, "note": evil}], "not_compared": [{"student": evil, "reason": evil}]}
     page = report_html(report)
-    assert "<img" not in page and page.count("&lt;img") == 5
+    assert "<img" not in page and page.count("&lt;img") == 9
 
 
 def test_helpers_of_several_statements_are_followed_and_renamed(exercise):
@@ -293,6 +407,25 @@ def test_class_parts_of_chapter_06(transformer):
     assert {r["student"]: r["identical"] for r in report["reference"]} == {"a": True, "b": False}
 
 
+def test_typical_mistakes_of_chapter_06_share_no_parts(transformer):
+    """Are 06_transformer's learners who each hand in the reference with another typical mistake near-duplicates
+    of each other but never flagged as sharing parts (what they share is the reference's)? Prints the per-part
+    similarity of each edited part to the original (pytest -s)."""
+    from chapters.ch06_transformer import MISTAKES as MISTAKES_06
+
+    exercise, answers = transformer
+    subs = [exercise.answers(transformer_notebook(with_mistake(answers, m.edits), f"{name}.ipynb"), name)
+            for name, m in MISTAKES_06.items() if m.edits]
+    edited = [jaccard(s.fingerprints[p], exercise.reference.fingerprints[p]) for s in subs for p in exercise.parts
+              if s.text.get(p) != exercise.reference.text.get(p)]
+    report = compare(exercise, subs)
+    print(f"\n06_transformer, edited by a typical mistake, the part against the original: {min(edited):.3f}-"
+          f"{max(edited):.3f} ({len(edited)} parts, {sum(v >= THRESHOLD for v in edited)} at least {THRESHOLD}); "
+          f"{len(subs)} learners: {report['near_pairs_total']} near-duplicate pairs, "
+          f"{report['shared_pairs_total']} pairs sharing parts")
+    assert report["near_pairs_total"] > len(subs) and report["shared_pairs_total"] == 0
+
+
 def test_a_tree_too_deep_to_rewrite_is_not_compared(exercise):
     """Does an answer that parses but is too deep for ast.unparse make the submission "not compared"
     (one sentence), while the tree stays usable for the next learner?"""
@@ -323,6 +456,39 @@ def test_command_line_json(tmp_path):
     assert printed == json.loads((out / "similarity" / f"{KEY}.json").read_text())
     assert printed["compared"] == 2 and printed["identical"][0]["students"] == ["ann", "ben"]
     assert printed["near_pairs_total"] == len(printed["near_pairs"])
+
+
+def test_command_line_flags_a_learner_sharing_four_parts_of_five(tmp_path):
+    """Issue 44, problem 5: is a learner who copies another's answers word for word in four parts of five
+    (names changed, comments added) and writes the fifth apart flagged, with the four parts named, in the
+    JSON, text and HTML reports and on --json's stdout, though neither identical nor a near-duplicate?"""
+    subs = tmp_path / "submitted"
+    subs.mkdir()
+    # cy writes every part apart from both: the reference's attention with torch's others
+    cy = dict(THROUGH_TORCH, scaled_dot_product_attention=reference_answers()["scaled_dot_product_attention"])
+    copied = {"ann": LOGSUMEXP, "ben": copy_of(LOGSUMEXP, "scaled_dot_product_attention", THROUGH_TORCH), "cy": cy}
+    for who, answers in copied.items():
+        nb = json.loads(get_assignment(KEY).notebook.read_text())
+        for cell in nb["cells"]:
+            cell["source"] = answers.get(cell["metadata"].get("nbgrader", {}).get("grade_id"), cell["source"])
+        (subs / f"{who}.ipynb").write_text(json.dumps(nb))
+    out = tmp_path / "grading"
+    proc = run_cli("similarity", str(subs), "--assignment", KEY, "--out", str(out), "--json")
+    assert proc.returncode == 0, proc.stderr
+    printed = json.loads(proc.stdout)
+    assert printed == json.loads((out / "similarity" / f"{KEY}.json").read_text())
+    assert printed["compared"] == 3 and printed["identical"] == [] and printed["near_pairs"] == []
+    four = ["softmax", "attention_numpy", "padding_mask", "causal_mask"]
+    [pair] = printed["shared_pairs"]
+    assert pair["students"] == ["ann", "ben"] and pair["parts"] == four and pair["answered"] == 5
+    assert pair["near_parts"] == [] and pair["reference_parts"] == [] and pair["tokens"] >= 3 * MIN_TOKENS
+    assert printed["shared_pairs_total"] == 1 and printed["shared_groups"] == [["ann", "ben"]]
+    text = (out / "similarity" / f"{KEY}.txt").read_text()
+    assert f"ann ~ ben: 4 of 5 parts shared: {', '.join(four)}; {pair['tokens']} tokens" in text
+    assert "1 pairs sharing parts" in text
+    page = (out / "similarity" / f"{KEY}.html").read_text()
+    assert f"<td>ann</td><td>ben</td><td>{', '.join(four)}</td><td>5</td><td>{pair['tokens']}</td>" in page
+    assert [r["student"] for r in printed["reference"]] == ["cy"]  # equal to the reference in one part
 
 
 def test_one_learner_that_breaks_the_comparison_costs_only_their_place_in_it(tmp_path, monkeypatch):
