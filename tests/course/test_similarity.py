@@ -438,17 +438,22 @@ def test_a_tree_too_deep_to_rewrite_is_not_compared(exercise):
     assert exercise.answers(notebook(reference_answers()), "b").text == exercise.reference.text
 
 
-def test_command_line_json(tmp_path):
-    """Does --json print the report itself (the same as the file), and is the count of pairs kept
-    beyond the pairs listed?"""
-    subs = tmp_path / "submitted"
-    subs.mkdir()
-    ref = reference_answers()
-    for who, answers in {"ann": ref, "ben": {g: disguise(s, RENAMES) for g, s in ref.items()}}.items():
+def write_submissions(subs, answers_of: dict[str, dict[str, str]]) -> None:
+    """SUBS/WHO.ipynb for each learner: the learner notebook with their answers in its answer cells."""
+    subs.mkdir(exist_ok=True)
+    for who, answers in answers_of.items():
         nb = json.loads(get_assignment(KEY).notebook.read_text())
         for cell in nb["cells"]:
             cell["source"] = answers.get(cell["metadata"].get("nbgrader", {}).get("grade_id"), cell["source"])
         (subs / f"{who}.ipynb").write_text(json.dumps(nb))
+
+
+def test_command_line_json(tmp_path):
+    """Does --json print the report itself (the same as the file), and is the count of pairs kept
+    beyond the pairs listed?"""
+    subs = tmp_path / "submitted"
+    ref = reference_answers()
+    write_submissions(subs, {"ann": ref, "ben": {g: disguise(s, RENAMES) for g, s in ref.items()}})
     out = tmp_path / "grading"
     proc = run_cli("similarity", str(subs), "--assignment", KEY, "--out", str(out), "--json")
     assert proc.returncode == 0, proc.stderr
@@ -459,19 +464,14 @@ def test_command_line_json(tmp_path):
 
 
 def test_command_line_flags_a_learner_sharing_four_parts_of_five(tmp_path):
-    """Issue 44, problem 5: is a learner who copies another's answers word for word in four parts of five
+    """Is a learner who copies another's answers word for word in four parts of five
     (names changed, comments added) and writes the fifth apart flagged, with the four parts named, in the
     JSON, text and HTML reports and on --json's stdout, though neither identical nor a near-duplicate?"""
     subs = tmp_path / "submitted"
-    subs.mkdir()
     # cy writes every part apart from both: the reference's attention with torch's others
     cy = dict(THROUGH_TORCH, scaled_dot_product_attention=reference_answers()["scaled_dot_product_attention"])
-    copied = {"ann": LOGSUMEXP, "ben": copy_of(LOGSUMEXP, "scaled_dot_product_attention", THROUGH_TORCH), "cy": cy}
-    for who, answers in copied.items():
-        nb = json.loads(get_assignment(KEY).notebook.read_text())
-        for cell in nb["cells"]:
-            cell["source"] = answers.get(cell["metadata"].get("nbgrader", {}).get("grade_id"), cell["source"])
-        (subs / f"{who}.ipynb").write_text(json.dumps(nb))
+    write_submissions(subs, {"ann": LOGSUMEXP, "ben": copy_of(LOGSUMEXP, "scaled_dot_product_attention",
+                                                               THROUGH_TORCH), "cy": cy})
     out = tmp_path / "grading"
     proc = run_cli("similarity", str(subs), "--assignment", KEY, "--out", str(out), "--json")
     assert proc.returncode == 0, proc.stderr
@@ -497,13 +497,8 @@ def test_one_learner_that_breaks_the_comparison_costs_only_their_place_in_it(tmp
     from autograder.course.similarity import Exercise, similarity_report
 
     subs = tmp_path / "submitted"
-    subs.mkdir()
     ref = reference_answers()
-    for who in ("alice", "bob", "mallory"):
-        nb = json.loads(get_assignment(KEY).notebook.read_text())
-        for cell in nb["cells"]:
-            cell["source"] = ref.get(cell["metadata"].get("nbgrader", {}).get("grade_id"), cell["source"])
-        (subs / f"{who}.ipynb").write_text(json.dumps(nb))
+    write_submissions(subs, {who: ref for who in ("alice", "bob", "mallory")})
     real = Exercise.answers
 
     def answers(self, nb, who, *args, **kwargs):
