@@ -232,7 +232,8 @@ def sync_names(gb: Gradebook, config) -> int:
             else:
                 last = name
         email = (row.get("email") or "").strip() or None
-        new = (first[:128] or None, last[:128] or None, email[:128] if email else student.email)
+        # a one-word name is a last name; an empty first name (not None) keeps formgrader from writing "None"
+        new = (first[:128] if (first or last) else None, last[:128] or None, email[:128] if email else student.email)
         if (student.first_name, student.last_name, student.email) != new:
             student.first_name, student.last_name, student.email = new
             changed += 1

@@ -251,7 +251,8 @@ def write_feedback_companions(out: Path, key: str, student: str, claim, mtime: f
     """timestamp.txt and submission_secret.txt beside the feedback page, where nbgrader's
     release_feedback reads them (it names the released page by a hash of the secret, which
     fetch_feedback finds again). A submission that did not come through the exchange gets its
-    file time and a fresh secret, so that release_feedback runs for everyone."""
+    file time and the secret of the learner's earlier grade, else a fresh one, so that
+    release_feedback runs for everyone."""
     import secrets as _secrets
 
     folder = out / "feedback" / student / key
@@ -266,6 +267,10 @@ def write_feedback_companions(out: Path, key: str, student: str, claim, mtime: f
         stamp_text = when.strftime("%Y-%m-%d %H:%M:%S.%f UTC")
     secret = _beside(claim, "submission_secret.txt")
     secret_text = _one_line(secret) if secret is not None else ""
+    if not secret_text:  # the secret of this learner's earlier grade (a regrade from a copy of the notebook
+        # alone would otherwise change it, and release_feedback would publish where fetch_feedback never looks)
+        kept = read_regular(out, ("feedback", student, key, "submission_secret.txt"), TIMESTAMP_BYTES)
+        secret_text = _one_line(kept.data) if kept.data is not None and not kept.over(TIMESTAMP_BYTES) else ""
     if not secret_text:
         secret_text = _secrets.token_hex(16)
     _write_atomic(folder / "timestamp.txt", stamp_text)

@@ -348,7 +348,7 @@ def test_the_final_score_agrees_everywhere_with_names_from_the_roster(course):
         assert "set by hand: scaled_dot_product_attention 12 (automatic 15)" in html.unescape(
             render_as_formgrader(d / "autograded" / "bob" / KEY / f"{KEY}.ipynb"))
         names = {s["id"]: (s["first_name"], s["last_name"]) for s in api(d).get_students()}
-        assert names == {"alice": ("Ada", "Lovelace"), "bob": ("Bob", "Builder"), "carol": (None, "Carol")}
+        assert names == {"alice": ("Ada", "Lovelace"), "bob": ("Bob", "Builder"), "carol": ("", "Carol")}
     finally:
         (d / "course.toml").unlink()
         assert run_cli("export", "--assignment", KEY, "--out", str(d)).returncode == 0
@@ -471,3 +471,20 @@ def test_a_new_gradebook_is_stamped_with_the_revision_nbgrader_stamps(tmp_path, 
         pass
     with sqlite3.connect(tmp_path / "gradebook.db") as con:
         assert con.execute("SELECT version_num FROM alembic_version").fetchall() == [(expected,)]
+
+
+def test_a_regrade_without_the_exchange_files_keeps_the_learners_secret(tmp_path):
+    """Does a notebook graded again without its submission_secret.txt (a copy of the notebook alone) keep the
+    secret of the learner's earlier grade, under which release_feedback publishes the page that fetch_feedback
+    looks for, and a learner graded for the first time get a secret of their own?"""
+    from autograder.course.nbgrader_course import write_feedback_companions
+
+    secret = tmp_path / "feedback" / "bob" / KEY / "submission_secret.txt"
+    secret.parent.mkdir(parents=True)
+    secret.write_text("from-the-exchange")
+    write_feedback_companions(tmp_path, KEY, "bob", None, 1_700_000_000.0)
+    assert secret.read_text() == "from-the-exchange"
+    write_feedback_companions(tmp_path, KEY, "carol", None, 1_700_000_000.0)
+    write_feedback_companions(tmp_path, KEY, "dave", None, 1_700_000_000.0)
+    fresh = [(tmp_path / "feedback" / s / KEY / "submission_secret.txt").read_text() for s in ("carol", "dave")]
+    assert all(len(f) == 32 for f in fresh) and fresh[0] != fresh[1]
