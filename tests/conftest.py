@@ -146,7 +146,7 @@ SHARED_FIXTURES = {
     "site": "built-book",
     "browser": "built-book",
 }
-HEAVY_FIRST = ("chapter-harness", "adversarial-batch", "test_mutants.py", "test_check_matches_grade.py",
+HEAVY_FIRST = ("chapter-harness", "adversarial-batch", "test_term.py", "test_mutants.py", "test_check_matches_grade.py",
                "test_reliability.py", "built-book", "test_generate.py", "test_cohort.py",
                "test_nbgrader_workflow.py", "test_warm_start.py", "test_grade_cli.py")
 
