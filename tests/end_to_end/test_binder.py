@@ -29,9 +29,10 @@ PIN = re.compile(r"^([A-Za-z0-9_.-]+)==([^\s#]+)")
 # authors' commands, which need a clone (generate, new, mutants, seeds).
 NOT_ON_THE_CHECK_PATH = {"cohort.py", "dask_cluster.py", "gradebook.py", "grading_run.py", "generate.py",
                          "scaffold.py", "mutants.py", "seeds.py",
-                         # the instructor's commands: nbgrader's course folder, exports, releases, similarity
+                         # the instructor's commands: nbgrader's course folder, formgrader's buttons, exports,
+                         # releases, similarity
                          "nbgrader_course.py", "export.py", "release.py", "learners_release.py", "lms.py",
-                         "similarity.py", "fingerprints.py", "release_search.py"}
+                         "similarity.py", "fingerprints.py", "release_search.py", "nbgrader_buttons.py"}
 
 
 def pins(path):
