@@ -1712,6 +1712,34 @@ def _model_cache_first(h, prompt, seq, V):
     expect(_same(torch.cat(steps, dim=1), full[:, T - 1:]), GE_MODEL_CACHE)
 
 
+# The settings a generate may forget to pass on to sample, the likeliest first.
+DROPPED_SETTINGS = (("top_k", "top_p"), ("temperature", "top_k", "top_p"), ("top_k",), ("top_p",), ("temperature",),
+                    ("temperature", "top_k"), ("temperature", "top_p"))
+
+
+def _telling_seed(reference, ref, prompt, new, settings, rng, tries=50):
+    """A generator seed under which the reference's sampling with `settings` draws other tokens than with any
+    of them left out (DROPPED_SETTINGS): a generate that forgets one is then told apart whatever the checks'
+    seed (with some seeds, top_k and top_p change none of the few tokens drawn)."""
+    def run(seed, kept):
+        gen = torch.Generator().manual_seed(seed)
+        seq = prompt
+        with torch.no_grad():
+            for _ in range(new):
+                last = ref(seq)[0][:, -1]
+                seq = torch.cat([seq, torch.tensor([[int(reference.sample(last[b], generator=gen, **kept))]
+                                                    for b in range(seq.size(0))])], dim=1)
+        return seq
+
+    for _ in range(tries):
+        seed = _randint(rng, 0, 10**6)
+        full = run(seed, settings)
+        if all(not torch.equal(full, run(seed, {k: v for k, v in settings.items() if k not in dropped}))
+               for dropped in DROPPED_SETTINGS):
+            return seed
+    return seed
+
+
 @points(0.5, part="generate")
 def test_generate_samples_rows_in_order_with_the_generator(learner, reference, rng):
     """Sampling with a generator, is each new token sample() on its row's last logits, rows in order, step by step?"""
@@ -1719,7 +1747,7 @@ def test_generate_samples_rows_in_order_with_the_generator(learner, reference, r
     V = ref.tok.weight.shape[0]
     settings = {"temperature": _uniform(rng, 0.7, 1.3), "top_k": _randint(rng, 5, 10),
                 "top_p": _uniform(rng, 0.8, 0.95)}
-    seed = _randint(rng, 0, 10**6)
+    seed = _telling_seed(reference, ref, prompt, new, settings, rng)
     got = _generated(learner, h, prompt, new, generator=_generator(learner, seed), **settings)
     gen = _generator(learner, seed)
     expected = _recompute(h, prompt, new, V, lambda z: _drawn(learner.sample(z, generator=gen, **settings), V))
@@ -1735,8 +1763,7 @@ def test_generate_samples_rows_in_order_with_the_generator(learner, reference, r
         rows_reversed = torch.cat([rows_reversed, torch.tensor([[picks[b]] for b in range(prompt.size(0))])], dim=1)
     expect(not torch.equal(got, rows_reversed), GE_ROWS)
     # settings left out of the call of sample (which then uses its defaults): the likeliest first, top_k and top_p
-    for dropped in (("top_k", "top_p"), ("temperature", "top_k", "top_p"), ("top_k",), ("top_p",), ("temperature",),
-                    ("temperature", "top_k"), ("temperature", "top_p")):
+    for dropped in DROPPED_SETTINGS:
         kept = {name: value for name, value in settings.items() if name not in dropped}
 
         def pick(z, gen=_generator(learner, seed), kept=kept):
