@@ -205,16 +205,21 @@ def run_the_term(machine: Term, labs: dict, seen: dict, step) -> None:
     step("fetched in the panel")
 
     # alice: her answers to 03 but the masks, which she types in JupyterLab; check(); submit.
+    def type_check_submit(learner: str, key: str, first_line: str) -> None:
+        """The learner's answers but the masks, which they type in JupyterLab; check() in a cell; Submit."""
+        lab = labs[learner]
+        put(learner, key, with_stub(reference_notebook(key), key, "masks"))
+        lab.open_from_panel(key)
+        lab.replace_cell(first_line, answer(key, "masks"))
+        lab.add_cell_at_end(CHECK_CELL)
+        lab.run_all()
+        seen["check"][key] = lab.output_of(CHECK_CELL)
+        lab.save()
+        lab.assignments()
+        lab.submit(key)
+
     a = labs[ALICE]
-    put(ALICE, QKV, with_stub(reference_notebook(QKV), QKV, "masks"))
-    a.open_from_panel(QKV)
-    a.replace_cell("def padding_mask", answer(QKV, "masks"))
-    a.add_cell_at_end(CHECK_CELL)
-    a.run_all()
-    seen["check"][QKV] = a.output_of(CHECK_CELL)
-    a.save()
-    a.assignments()
-    a.submit(QKV)
+    type_check_submit(ALICE, QKV, "def padding_mask")
     put(ALICE, TRANSFORMER, reference_notebook(TRANSFORMER))
     a.submit(TRANSFORMER)
     step("alice: typed, checked, submitted")
@@ -236,15 +241,7 @@ def run_the_term(machine: Term, labs: dict, seen: dict, step) -> None:
     d = labs[DAVE]
     put(DAVE, QKV, mistake(QKV, *NO_SCALE)())
     d.submit(QKV)
-    put(DAVE, TRANSFORMER, with_stub(reference_notebook(TRANSFORMER), TRANSFORMER, "masks"))
-    d.open_from_panel(TRANSFORMER)
-    d.replace_cell("def make_src_mask", answer(TRANSFORMER, "masks"))
-    d.add_cell_at_end(CHECK_CELL)
-    d.run_all()
-    seen["check"][TRANSFORMER] = d.output_of(CHECK_CELL)
-    d.save()
-    d.assignments()
-    d.submit(TRANSFORMER)
+    type_check_submit(DAVE, TRANSFORMER, "def make_src_mask")
     step("dave: submitted, typed, checked, submitted")
 
     # carol: 06 untouched, on time; then 03's due date passes, and she hands 03 in.
