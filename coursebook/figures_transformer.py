@@ -97,7 +97,7 @@ def encoder_decoder():
     label(ax, (enc_x + dec_x) / 2, 6.25, "K, V", va="baseline", color="tab:purple")
 
     # Output layer.
-    box(ax, dec_x, 7.95, w, 0.45, "linear (out): D to V", EMBED, fontsize=9, **PART)
+    box(ax, dec_x, 7.95, w, 0.45, "linear (out): D to |V|", EMBED, fontsize=9, **PART)
     arrow(ax, (dec_x, top), (dec_x, 7.725), **LINK)
     box(ax, dec_x, 8.75, w, 0.45, "softmax", PLAIN, fontsize=9, **PART)
     arrow(ax, (dec_x, 8.175), (dec_x, 8.525), **LINK)

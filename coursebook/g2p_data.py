@@ -9,8 +9,8 @@ What is kept, and why (the book's chapter 08 states the counts this module measu
   (``a.m.``), a hyphen (``able-bodied``) or a digit are dropped: a possessive or a compound
   is pronounced by rules about its parts, and abbreviations are spelled out rather than read.
   Acronyms written as letters only (``aaa``) cannot be told apart from words and are kept.
-* **Stress removed**: ``AH0``, ``AH1`` and ``AH2`` become ``AH``, which leaves the 39 ARPAbet
-  phonemes, as in the G2P papers the chapter compares with. Two pronunciations that differ only
+* **Stress removed**: ``AH0``, ``AH1`` and ``AH2`` become ``AH``, which leaves CMUdict's 39-phoneme
+  subset of ARPAbet, as in the G2P papers the chapter compares with. Two pronunciations that differ only
   in stress become one.
 * **Every pronunciation** of a word: training sees each (word, pronunciation) pair; testing
   counts a word right when the output matches any of its pronunciations, and measures phoneme
@@ -18,8 +18,8 @@ What is kept, and why (the book's chapter 08 states the counts this module measu
 * **One deterministic split by word**: the first four bytes of the SHA-256 of the word, modulo
   100, put it in test (0-9), validation (10-14) or training (15-99). The split never depends on
   the order of the file or on the package's version, and all pronunciations of a word fall on
-  the same side. The literature's fixed split (Bisani & Ney's 12,000 test words, reused by Yao &
-  Zweig) is not shipped with the package; ours has a test set of about the same size, but not
+  the same side. The literature's fixed split (Stanley Chen's 12,000 test words of release 0.6,
+  reused by Bisani & Ney and by Yao & Zweig) is not shipped with the package; ours has a test set of about the same size, but not
   the same words.
 """
 

@@ -74,13 +74,55 @@ async () => {
     href: a.href, text: a.textContent.trim(), cls: a.className}));
   const sidebar = [...document.querySelectorAll('.bd-sidebar-primary nav a[href]')].map(a => ({
     href: a.href, text: a.textContent.trim()}));
+  // What is cut off, or too wide for its line: see test_nothing_is_clipped for the definition.
+  const cuts = v => v === 'hidden' || v === 'clip';
+  const scrolls = v => v === 'auto' || v === 'scroll';
+  const named = el => {
+    let text = el.textContent;
+    const item = el.matches('mjx-container') && window.MathJax && MathJax.startup && MathJax.startup.document
+      && MathJax.startup.document.getMathItemsWithin(el)[0];
+    if (item) text = item.math;  // the formula's TeX, not its rendered glyphs
+    return el.tagName.toLowerCase() + ': ' + text.replace(/\s+/g, ' ').trim().slice(0, 70);
+  };
+  const box = el => el.tagName.toLowerCase() + [...el.classList].map(c => '.' + c).join('');
+  const clipped = [];
+  for (const el of prose.querySelectorAll('mjx-container[display="true"], table, .cell_output > *, .cell_output pre')) {
+    if (!el.checkVisibility() || el.getBoundingClientRect().width === 0) continue;
+    const own = getComputedStyle(el).overflowX, rect = el.getBoundingClientRect();
+    const kind = el.matches('mjx-container') ? 'math' : el.matches('table') ? 'table' : 'output';
+    if (el.scrollWidth > el.clientWidth + 1 && !scrolls(own) && cuts(own)) {
+      clipped.push({what: named(el), kind, cut: true, by: 'itself (overflow-x: ' + own + ')',
+                    content: el.scrollWidth, shown: el.clientWidth});
+      continue;
+    }
+    if (kind === 'math' && el.scrollWidth > el.clientWidth + 1) {
+      clipped.push({what: named(el), kind, cut: false, by: 'itself (overflow-x: ' + own + ')',
+                    content: el.scrollWidth, shown: el.clientWidth});
+    }
+    // The part of the page el shows: its own box, or more where its content spills out.
+    let left = rect.left;
+    let right = scrolls(own) || cuts(own) ? rect.right : Math.max(rect.right, rect.left + el.clientLeft + el.scrollWidth);
+    const content = Math.round(right - left);
+    for (let a = el.parentElement; a; a = a.parentElement) {
+      const page = a === document.documentElement;
+      const over = page ? 'the window' : getComputedStyle(a).overflowX;
+      if (over === 'visible') continue;
+      const r = a.getBoundingClientRect();
+      const inner = page ? 0 : r.left + a.clientLeft;
+      if (left >= inner - 1 && right <= inner + a.clientWidth + 1) continue;
+      if (scrolls(over)) { left = r.left; right = r.right; continue; }  // reached by scrolling a
+      clipped.push({what: named(el), kind, cut: true, by: page ? over : box(a) + ' (overflow-x: ' + over + ')',
+                    content, shown: a.clientWidth});
+      break;
+    }
+  }
   return {
     math: maths.length,
     typeset: maths.filter(m => m.querySelector('mjx-container')).length,
     merror: document.querySelectorAll('mjx-merror').length,
     mathjax_version: window.MathJax && MathJax.version,
     text: clone.innerText,
-    images, links, sidebar,
+    images, links, sidebar, clipped,
   };
 }
 """
@@ -202,6 +244,32 @@ def test_every_image_loads(pages):
             assert img["complete"] and img["width"] > 0 and img["height"] > 0, f"{name}: {img['src']} did not load"
     # The chapters draw figures: a site without images has lost them.
     assert total >= len(chapter_files())
+
+
+def test_nothing_is_clipped(pages):
+    """At 1280 px and at 390 px, is every display equation, table and code-cell output shown whole?
+
+    Each one (MathJax's display output, `mjx-container[display=true]`; each `table`; each
+    child of a `.cell_output` and each `pre` in it) that the reader can see is clipped when
+    - its content is wider than its box (scrollWidth > clientWidth) and its own computed
+      overflow-x is `hidden` or `clip`; or
+    - the part of the page it shows (its box, or, with overflow-x `visible`, its box widened
+      to its scrollWidth) reaches beyond the visible box (clientWidth, inside the borders) of
+      its nearest ancestor whose overflow-x is not `visible`, and that ancestor is `hidden` or
+      `clip` rather than `auto` or `scroll`. A scrolling ancestor is fine: what it hides is
+      reached by scrolling it, and the check goes on upwards with that ancestor's own box;
+      the window counts as a clipping ancestor, for pages do not scroll sideways; or
+    - it is a display equation, at 1280 px, wider than its line (scrollWidth > clientWidth
+      of the theme's formula box, overflow-x `auto`). The box scrolls, but a reader with
+      overlay scrollbars (macOS, and the headless browser of these tests) is shown no
+      scrollbar, only a formula cut at the column's edge: on a desktop every formula fits.
+      On a phone a formula may scroll sideways in its box.
+    One pixel of rounding is allowed everywhere.
+    """
+    found = [f"{name} ({width}): {c['what']} -- cut by {c['by']}: {c['content']} px in {c['shown']} px"
+             for name, both in pages.items() for width, seen in both.items()
+             for c in seen["clipped"] if c["cut"] or width == "desktop"]
+    assert not found, "\n".join(found)
 
 
 def test_no_page_scrolls_sideways_on_a_phone(pages):
