@@ -8,7 +8,9 @@ Hand-written, not generated. The data come from ``g2p_data`` and the models from
 * ``rates_by_length``: phoneme and word error rates of the words of each length;
 * ``align``, ``closest``, ``confusions``: which phonemes a model writes in place of which,
   from an edit-distance alignment with a backtrace;
-* ``cross_attention``: where a decoder looks in a word's spelling while it writes each phoneme.
+* ``cross_attention``: where a decoder looks in a word's spelling while it writes each phoneme;
+* ``mcnemar``, ``spread``: whether two models' error rates on the same words differ by more than
+  chance, and the mean and spread of a rate over the seeds of a model.
 
 Every scored word is compared with all its pronunciations, and its errors with the closest
 one (the first of equally close ones), as exercise 08's ``error_rates`` does.
@@ -16,6 +18,8 @@ one (the first of equally close ones), as exercise 08's ``error_rates`` does.
 
 from __future__ import annotations
 
+import math
+import statistics
 from collections import Counter
 
 import torch
@@ -177,3 +181,28 @@ def cross_attention(model, word: str, layer: int = -1, vocabs=None):
         weights = torch.stack(steps)  # (T, S)
     names = v.phoneme_of
     return list(word), [names[i] for i in out] + [SPECIALS[EOS]], weights.numpy()
+
+
+# --- comparing models ------------------------------------------------------------------------------
+
+
+def mcnemar(wrong_a, wrong_b) -> tuple[int, int, float]:
+    """The exact McNemar test of two models scored on the same words (one bool per word, True where
+    the model got the word wrong): (words only A gets wrong, words only B gets wrong, two-sided p).
+
+    Words both get right or both get wrong say nothing about which is better. Under the null
+    hypothesis that the two are equally good, each of the n discordant words is A's error or B's
+    with probability 1/2, so the smaller count is binomial(n, 1/2) and p is twice its lower tail."""
+    if len(wrong_a) != len(wrong_b):
+        raise ValueError("the two models must be scored on the same words")
+    only_a = sum(1 for a, b in zip(wrong_a, wrong_b) if a and not b)
+    only_b = sum(1 for a, b in zip(wrong_a, wrong_b) if b and not a)
+    n, k = only_a + only_b, min(only_a, only_b)
+    tail = sum(math.comb(n, i) for i in range(k + 1))
+    return only_a, only_b, min(1.0, 2 * tail / 2 ** n)
+
+
+def spread(values) -> tuple[float, float]:
+    """(mean, sample standard deviation) of a rate over seeds (0 for a single value)."""
+    values = list(values)
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0

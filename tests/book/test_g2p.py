@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 import pytest
 import torch
 
 from coursebook import g2p_data, g2p_experiment
+from coursebook.g2p_analysis import mcnemar, spread
 from solutions import ch06_transformer
 from solutions.ch08_pronunciation import EOS, beam_search, pad_batch
 
@@ -78,6 +80,34 @@ def test_kept_weights_match_the_code_that_trained_them(kind):
     settings; an edit to the training code must come with `make train`."""
     assert g2p_experiment.load(kind, g2p_experiment.BUDGETS["full"]) is not None, (
         f"coursebook/g2p_weights/{kind}.pt is stale or missing: run make train")
+
+
+def test_mcnemar_counts_the_words_only_one_model_gets_wrong():
+    """10 words only A gets wrong, 2 only B, 12 on which they agree: p = 2 P(X <= 2) for X ~
+    Binomial(12, 1/2), 2 * 79 / 4096; the agreeing words change nothing, and swapping the models
+    swaps the counts."""
+    a = [True] * 10 + [False] * 2 + [True] * 5 + [False] * 7
+    b = [False] * 10 + [True] * 2 + [True] * 5 + [False] * 7
+    assert mcnemar(a, b) == (10, 2, pytest.approx(2 * 79 / 4096))
+    assert mcnemar(b, a) == (2, 10, pytest.approx(2 * 79 / 4096))
+    assert mcnemar(a, a) == (0, 0, 1.0)
+    with pytest.raises(ValueError):
+        mcnemar(a, b[:-1])
+
+
+@pytest.mark.parametrize("only_a,only_b", [(230, 170), (1100, 1000), (60, 40)])
+def test_mcnemar_agrees_with_the_normal_approximation_on_many_words(only_a, only_b):
+    """On hundreds of discordant words the exact p-value is close to the continuity-corrected
+    normal approximation, erfc(z / sqrt 2) with z = (|b - c| - 1) / sqrt(b + c)."""
+    a = [True] * only_a + [False] * only_b
+    b = [False] * only_a + [True] * only_b
+    z = (abs(only_a - only_b) - 1) / math.sqrt(only_a + only_b)
+    assert mcnemar(a, b)[2] == pytest.approx(math.erfc(z / math.sqrt(2)), rel=0.08)
+
+
+def test_spread_is_the_mean_and_sample_standard_deviation():
+    assert spread([0.30, 0.32, 0.34]) == (pytest.approx(0.32), pytest.approx(0.02))
+    assert spread([0.3]) == (0.3, 0.0)
 
 
 @pytest.mark.slow
