@@ -709,7 +709,11 @@ def _finishes_unevenly(out, eos):
 
 
 def _greedy_model(learner, reference, rng, B, max_len, *, device="cpu", dtype=F64, sos=SOS, eos=EOS, V=None):
-    """A model (tried here first) whose greedy outputs finish at different steps, and its sources (B, T)."""
+    """A model (tried here first) whose greedy outputs finish at different steps, and its sources (B, T).
+
+    With several rows, padding must show: some row ends before the others, and what the model
+    would write after its end differs from the padding (about 1 draw in 100 ends unevenly yet
+    writes the padding token there anyway, and a decoder that forgets to pad would pass)."""
     for _ in range(40):
         V = V or _randint(rng, 6, 9)
         m = _Model(reference, rng, V, _randint(rng, 2, 6), _randint(rng, 3, 8), out_scale=2.0,
@@ -717,7 +721,9 @@ def _greedy_model(learner, reference, rng, B, max_len, *, device="cpu", dtype=F6
         src = _tokens(rng, 3, V - 1, (B, _randint(rng, 2, 5)))
         with torch.no_grad():
             _, final = m.ref_enc(src)
-            if B == 1 or _finishes_unevenly(_greedy(final, m.ref_dec, max_len, sos, eos), eos):
+            out = _greedy(final, m.ref_dec, max_len, sos, eos)
+            if B == 1 or (_finishes_unevenly(out, eos)
+                          and not torch.equal(out, _greedy(final, m.ref_dec, max_len, sos, eos, mask=False))):
                 break
     return m.to(device, dtype).load(learner), src.to(device)
 
