@@ -241,11 +241,17 @@ def expect_close(got, expected, generic: str, *, mistakes=(), device=None, rtol=
 
 def random_mask(rng: torch.Generator, shape, p_keep: float = 0.7, fully_masked: int = 0) -> torch.Tensor:
     """A boolean mask (True = may attend) with at least one True in every row of the last axis,
-    except `fully_masked` randomly chosen rows that are entirely False."""
+    except `fully_masked` randomly chosen rows that are entirely False, and at least one False
+    wherever a row has room for it: a mask that hides nothing would let a learner's code that
+    ignores the mask pass a check of masking (small shapes draw one now and then)."""
     m = torch.rand(*shape, generator=rng) < p_keep
     first = torch.zeros(shape, dtype=torch.bool)
     first[..., 0] = True
     m = m | (first & ~m.any(-1, keepdim=True))
+    if bool(m.all()) and shape[-1] > 1:
+        flat = m.reshape(-1)
+        flat[int(torch.randint(0, flat.numel(), (1,), generator=rng))] = False
+        m = flat.reshape(shape)
     if fully_masked:
         rows = m.reshape(-1, shape[-1])
         pick = torch.randperm(rows.shape[0], generator=rng)[:fully_masked]

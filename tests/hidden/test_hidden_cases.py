@@ -92,3 +92,19 @@ def test_exercise_09s_ties_text_tells_every_tie_rule_apart_at_its_first_merge():
         firsts = [min(tied), max(tied), tied[0], [p for p in tied if p[0] == a][0], [p for p in tied if p[0] == a][-1]]
         assert len(set(firsts)) == 5, (seed, data)
         assert hidden._train(data, 257) == [min(tied)]
+
+
+@pytest.mark.parametrize("shape, p_keep, fully_masked", [((3, 5), 0.6, 0), ((2, 1, 3, 4), 0.7, 1), ((4, 1), 0.7, 0),
+                                                         ((1, 2), 0.99, 0)])
+def test_random_masks_hide_something_and_leave_every_row_something(shape, p_keep, fully_masked):
+    """A mask check that draws a mask hiding nothing cannot fail code that ignores the mask (exercise 02's
+    decoder checks drew one now and then): every draw hides something where a row has room, and every row
+    but the fully masked ones keeps a position. p_keep=0.99 draws the all-True case nearly always."""
+    from autograder.hidden.support import random_mask
+
+    for seed in range(300):
+        m = random_mask(torch.Generator().manual_seed(seed), shape, p_keep=p_keep, fully_masked=fully_masked)
+        assert m.shape == shape and m.dtype == torch.bool
+        rows = m.reshape(-1, shape[-1])
+        assert int((~rows.any(-1)).sum()) == fully_masked
+        assert shape[-1] == 1 or not bool(m.all())
