@@ -55,11 +55,12 @@ test-fast: bytecode
 screenshots: install book
 	BOOK_SCREENSHOTS=1 $(PY) -m pytest tests/book/test_browser.py -q
 
-# Chapter 08's models, retrained from scratch (about 15 minutes of 2 idle cores: the Transformer on one, the GRUs on the other),
-# their weights and manifest written to coursebook/g2p_weights/. The book loads them while the
-# manifest matches the code and the data; `python -m coursebook.g2p_experiment check` says whether it does.
-# Then chapter 09's GPT (about 10 minutes of one idle core, alone: its training time is a target), kept in
-# coursebook/gpt_weights/ under the same rule (`python -m coursebook.gpt_experiment check`).
+# Chapter 08's models, retrained from scratch under each of the three seeds (about 50 minutes of 2 idle
+# cores: the Transformers on one, the GRUs on the other), their weights, manifest and test outcomes written
+# to coursebook/g2p_weights/. The book loads them while the manifest matches the code and the data;
+# `python -m coursebook.g2p_experiment check` says whether it does. Then chapter 09's GPT under each seed
+# (about 10 minutes each of one idle core: its training time is a target), kept in coursebook/gpt_weights/
+# under the same rule (`python -m coursebook.gpt_experiment check`).
 train: install
 	$(PY) -m coursebook.g2p_experiment train --kinds gru,attention & rnn=$$!; \
 	$(PY) -m coursebook.g2p_experiment train --kinds transformer && wait $$rnn

@@ -25,6 +25,7 @@ from scratch, and ``--budget small`` runs the whole pipeline end to end in a few
 from __future__ import annotations
 
 import argparse
+import base64
 import dataclasses
 import fcntl
 import hashlib
@@ -34,6 +35,7 @@ import os
 import platform
 import sys
 import time
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,6 +48,7 @@ from solutions import ch01_seq2seq, ch02_attention, ch06_transformer, ch08_pronu
 from solutions.ch08_pronunciation import EOS, PAD, SOS, bucket_batches, error_rates, pad_batch, train_step
 
 KINDS = ("gru", "attention", "transformer")
+SEEDS = (0, 1, 2)  # each kind is trained under every seed; the book reports their mean and spread
 # COURSE_G2P_WEIGHTS keeps weights elsewhere (e.g. small-budget ones while writing the page).
 WEIGHTS_DIR = Path(os.environ.get("COURSE_G2P_WEIGHTS") or Path(__file__).resolve().parent / "g2p_weights")
 MANIFEST = WEIGHTS_DIR / "manifest.json"
@@ -281,6 +284,54 @@ def evaluate(model, words, beam_size=1, alpha=1.0, vocabs=None):
     return per, wer, hyps
 
 
+def word_outcomes(words, hyps, lexicon=None) -> list[tuple[int, int]]:
+    """(edit distance, length of the pronunciation it is measured against) for each word: its
+    closest pronunciation, the first of ties, as `error_rates` counts them."""
+    prons = (lexicon or g2p_data.load()).prons
+    out = []
+    for word, hyp in zip(words, hyps):
+        alternatives = prons[word]
+        distances = [ch08_pronunciation.edit_distance(list(hyp), list(p)) for p in alternatives]
+        best = min(range(len(alternatives)), key=lambda k: distances[k])
+        out.append((distances[best], len(alternatives[best])))
+    return out
+
+
+def rates(outcomes) -> tuple[float, float]:
+    """(PER, WER) from word outcomes, as `error_rates` gives them."""
+    return (sum(d for d, _ in outcomes) / sum(n for _, n in outcomes),
+            sum(d > 0 for d, _ in outcomes) / len(outcomes))
+
+
+def pack_outcomes(outcomes) -> str:
+    """Word outcomes as a short string for the manifest: two bytes a word, compressed."""
+    flat = bytes(min(255, x) for pair in outcomes for x in pair)
+    return base64.b64encode(zlib.compress(flat, 9)).decode("ascii")
+
+
+def unpack_outcomes(text: str) -> list[tuple[int, int]]:
+    flat = zlib.decompress(base64.b64decode(text))
+    return list(zip(flat[0::2], flat[1::2]))
+
+
+def test_outcomes(model, beam_size=5, alpha=1.0, words=None) -> dict:
+    """The test words' (or `words`') outcomes of greedy decoding and of beam search, packed: what
+    the book reads for the seeds it does not decode itself."""
+    test = g2p_data.load().words("test") if words is None else words
+    out = {}
+    for how, size in (("greedy", 1), ("beam", beam_size)):
+        _, _, hyps = evaluate(model, test, beam_size=size, alpha=alpha)
+        out[how] = pack_outcomes(word_outcomes(test, hyps))
+    return out
+
+
+def stored_outcomes(model, record) -> dict:
+    """{"greedy": outcomes, "beam": outcomes} of the test words, unpacked: those the manifest entry
+    keeps, or decoded now when the entry has none (weights trained here, not loaded)."""
+    packed = record.get("metrics", {}).get("test_outcomes") or test_outcomes(model)
+    return {how: unpack_outcomes(text) for how, text in packed.items()}
+
+
 # --- training ------------------------------------------------------------------------------------
 
 
@@ -355,6 +406,11 @@ def code_hash() -> str:
     return kept_weights.source_hash(trained_code())
 
 
+def weights_name(kind: str, seed: int) -> str:
+    """The name of one training run's weights and manifest entry: kind and seed."""
+    return f"{kind}-seed{seed}"
+
+
 def fingerprint(kind: str, config: Config) -> dict:
     return {"kind": kind, "code": code_hash(), "data": g2p_data.data_hash(), "config": dataclasses.asdict(config)}
 
@@ -367,23 +423,26 @@ def save(kind: str, config: Config, model: nn.Module, record: dict, metrics: dic
     """Keep the weights in float16 (half the bytes; the metrics are measured after the rounding)."""
     WEIGHTS_DIR.mkdir(exist_ok=True)
     state = {k: v.half() if v.is_floating_point() else v for k, v in model.state_dict().items()}
-    path = WEIGHTS_DIR / f"{kind}.pt"
+    name = weights_name(kind, config.seed)
+    path = WEIGHTS_DIR / f"{name}.pt"
     partial = path.with_suffix(f".{os.getpid()}.tmp")
     torch.save(state, partial)
     os.replace(partial, path)
     with open(WEIGHTS_DIR / ".lock", "w") as lock:  # two trainings may finish at once
         fcntl.flock(lock, fcntl.LOCK_EX)
         manifest = read_manifest()
-        manifest[kind] = {**fingerprint(kind, config), **record, "metrics": metrics,
+        manifest[name] = {**fingerprint(kind, config), **record, "metrics": metrics,
                           "sha256": hashlib.sha256(path.read_bytes()).hexdigest()[:16],
                           "machine": [platform.machine(), platform.processor(), torch.__version__]}
         MANIFEST.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
 
 
 def load(kind: str, config: Config) -> nn.Module | None:
-    """The kept model of this kind when its manifest matches the current code, data and settings."""
-    entry = read_manifest().get(kind)
-    path = WEIGHTS_DIR / f"{kind}.pt"
+    """The kept model of this kind and seed (`config.seed`) when its manifest matches the current
+    code, data and settings."""
+    name = weights_name(kind, config.seed)
+    entry = read_manifest().get(name)
+    path = WEIGHTS_DIR / f"{name}.pt"
     if not entry or not path.exists():
         return None
     want = fingerprint(kind, config)
@@ -406,12 +465,15 @@ def round_to_half(model: nn.Module) -> nn.Module:
     return model.eval()
 
 
-def load_or_train(kind: str, config: Config | None = None, log=None):
-    """(model, its manifest entry): the kept one when it is current, else a fresh training run."""
+def load_or_train(kind: str, config: Config | None = None, log=None, seed: int | None = None):
+    """(model, its manifest entry): the kept one when it is current, else a fresh training run.
+    `seed` replaces the configuration's seed."""
     config = config or budget()
+    if seed is not None:
+        config = dataclasses.replace(config, seed=seed)
     model = load(kind, config)
     if model is not None:
-        return model, read_manifest()[kind]
+        return model, read_manifest()[weights_name(kind, config.seed)]
     model, record = train(kind, config, log)
     return round_to_half(model), {**fingerprint(kind, config), **record}
 
@@ -422,25 +484,32 @@ def main(argv=None) -> int:
     parser.add_argument("command", choices=["train", "check"],
                         help="train: retrain and keep the weights; check: are the kept weights current?")
     parser.add_argument("--kinds", default=",".join(KINDS))
+    parser.add_argument("--seeds", default=",".join(map(str, SEEDS)))
     parser.add_argument("--budget", choices=sorted(BUDGETS), default="full")
     parser.add_argument("--no-save", action="store_true", help="train and report, keep nothing")
     args = parser.parse_args(argv)
-    config = BUDGETS[args.budget]
     kinds = [k for k in args.kinds.split(",") if k]
+    configs = [dataclasses.replace(BUDGETS[args.budget], seed=int(s)) for s in args.seeds.split(",") if s]
     if args.command == "check":
-        stale = [k for k in kinds if load(k, config) is None]
+        stale = [weights_name(k, c.seed) for k in kinds for c in configs if load(k, c) is None]
         print("current" if not stale else f"stale or missing: {', '.join(stale)} (run make train)")
         return 1 if stale else 0
     lex = g2p_data.load()
     valid = lex.words("valid")
-    for kind in kinds:
+    for kind, config in [(k, c) for k in kinds for c in configs]:
         model, record = train(kind, config, log=lambda m: print(m, file=sys.stderr, flush=True))
         round_to_half(model)
         per, wer, _ = evaluate(model, valid)
         metrics = {"valid_greedy_per": round(per, 4), "valid_greedy_wer": round(wer, 4)}
-        print(f"{kind}: {record['steps']} steps in {record['seconds']:.0f} s ({record['cpu_seconds']:.0f} s of CPU); "
-              f"validation greedy "
-              f"PER {per:.2%} WER {wer:.2%}", flush=True)
+        outcomes = test_outcomes(model)
+        for how, packed in outcomes.items():
+            t_per, t_wer = rates(unpack_outcomes(packed))
+            metrics[f"test_{how}_per"], metrics[f"test_{how}_wer"] = round(t_per, 4), round(t_wer, 4)
+        metrics["test_outcomes"] = outcomes
+        print(f"{weights_name(kind, config.seed)}: {record['steps']} steps in {record['seconds']:.0f} s ({record['cpu_seconds']:.0f} s of CPU); "
+              f"validation greedy PER {per:.2%} WER {wer:.2%}; test greedy PER {metrics['test_greedy_per']:.2%} "
+              f"WER {metrics['test_greedy_wer']:.2%}, beam PER {metrics['test_beam_per']:.2%} "
+              f"WER {metrics['test_beam_wer']:.2%}", flush=True)
         if not args.no_save:
             save(kind, config, model, record, metrics)
     return 0

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 
@@ -10,9 +11,9 @@ import pytest
 import torch
 
 from coursebook import g2p_data, g2p_experiment
-from coursebook.g2p_analysis import mcnemar, spread
+from coursebook.g2p_analysis import is_correct, mcnemar, spread
 from solutions import ch06_transformer
-from solutions.ch08_pronunciation import EOS, beam_search, pad_batch
+from solutions.ch08_pronunciation import EOS, beam_search, error_rates, pad_batch
 
 ARPABET_39 = set("AA AE AH AO AW AY B CH D DH EH ER EY F G HH IH IY JH K L M N NG OW OY P R S SH T TH "
                  "UH UW V W Y Z ZH".split())
@@ -74,12 +75,14 @@ def test_beam_of_one_is_chapter_06_greedy_decoding():
         assert got == want
 
 
+@pytest.mark.parametrize("seed", g2p_experiment.SEEDS)
 @pytest.mark.parametrize("kind", g2p_experiment.KINDS)
-def test_kept_weights_match_the_code_that_trained_them(kind):
+def test_kept_weights_match_the_code_that_trained_them(kind, seed):
     """The book loads the kept weights only while their manifest matches the current code, data and
     settings; an edit to the training code must come with `make train`."""
-    assert g2p_experiment.load(kind, g2p_experiment.BUDGETS["full"]) is not None, (
-        f"coursebook/g2p_weights/{kind}.pt is stale or missing: run make train")
+    config = dataclasses.replace(g2p_experiment.BUDGETS["full"], seed=seed)
+    assert g2p_experiment.load(kind, config) is not None, (
+        f"coursebook/g2p_weights/{g2p_experiment.weights_name(kind, seed)}.pt is stale or missing: run make train")
 
 
 def test_mcnemar_counts_the_words_only_one_model_gets_wrong():
@@ -105,6 +108,21 @@ def test_mcnemar_agrees_with_the_normal_approximation_on_many_words(only_a, only
     assert mcnemar(a, b)[2] == pytest.approx(math.erfc(z / math.sqrt(2)), rel=0.08)
 
 
+def test_stored_word_outcomes_give_the_error_rates_of_the_exercise(lexicon):
+    """The manifest keeps each model's test outcomes as (edit distance, reference length) per word,
+    packed; unpacked, they give `error_rates`' PER and WER and the words McNemar's test pairs,
+    for words with several pronunciations too, and for outputs longer than any reference."""
+    words = [w for w in lexicon.words("valid") if len(lexicon.prons[w]) > 1][:40] + lexicon.words("valid")[:60]
+    hyps = [lexicon.prons[w][-1][:-1] if i % 3 == 0 else lexicon.prons[w][0] if i % 3 == 1
+            else lexicon.prons[w][0] * 3 for i, w in enumerate(words)]
+    outcomes = g2p_experiment.word_outcomes(words, hyps, lexicon)
+    again = g2p_experiment.unpack_outcomes(g2p_experiment.pack_outcomes(outcomes))
+    assert again == outcomes
+    per, wer = error_rates([list(h) for h in hyps], [[list(p) for p in lexicon.prons[w]] for w in words])
+    assert g2p_experiment.rates(again) == (pytest.approx(per), pytest.approx(wer))
+    assert [d > 0 for d, _ in again] == [not is_correct(h, lexicon.prons[w]) for w, h in zip(words, hyps)]
+
+
 def test_spread_is_the_mean_and_sample_standard_deviation():
     assert spread([0.30, 0.32, 0.34]) == (pytest.approx(0.32), pytest.approx(0.02))
     assert spread([0.3]) == (0.3, 0.0)
@@ -123,5 +141,8 @@ def test_small_budget_pipeline_end_to_end(tmp_path, monkeypatch):
         assert record["losses"][-1] < record["losses"][0]
         per, wer, hyps = g2p_experiment.evaluate(model, words, beam_size=2)
         assert 0 < per <= 2 and 0 < wer <= 1 and len(hyps) == len(words)
+        packed = g2p_experiment.test_outcomes(model, beam_size=2, words=words)
+        assert g2p_experiment.rates(g2p_experiment.unpack_outcomes(packed["beam"])) == (
+            pytest.approx(per), pytest.approx(wer))
         g2p_experiment.save(kind, config, model, record, {"valid_per": per})
         assert g2p_experiment.load(kind, config) is not None

@@ -75,11 +75,12 @@ def test_held_out_scoring_counts_every_token_once_with_its_context():
     assert gpt_experiment.stream_bits(short, context, ids, batch_size=3) == pytest.approx(30 * math.log2(50))
 
 
-def test_kept_weights_match_the_code_that_trained_them():
+@pytest.mark.parametrize("seed", gpt_experiment.SEEDS)
+def test_kept_weights_match_the_code_that_trained_them(seed):
     """The book loads the kept weights only while their manifest matches the current code, data and
     settings; an edit to the training code must come with `make train`."""
-    assert gpt_experiment.load(gpt_experiment.BUDGETS["full"]) is not None, (
-        "coursebook/gpt_weights/gpt.pt is stale or missing: run make train")
+    assert gpt_experiment.load(dataclasses.replace(gpt_experiment.BUDGETS["full"], seed=seed)) is not None, (
+        f"coursebook/gpt_weights/{gpt_experiment.weights_name(seed)}.pt is stale or missing: run make train")
 
 
 def test_stale_weights_are_not_loaded(tmp_path, monkeypatch):
@@ -93,13 +94,13 @@ def test_stale_weights_are_not_loaded(tmp_path, monkeypatch):
     assert loaded is not None
     assert torch.equal(loaded.head.weight, loaded.tok.weight)  # still tied after loading
     assert gpt_experiment.load(dataclasses.replace(config, seed=1)) is None  # other settings
-    manifest = gpt_experiment.read_manifest()
+    entry = gpt_experiment.read_manifest()[gpt_experiment.weights_name(config.seed)]
     (tmp_path / "manifest.json").write_text(
-        (tmp_path / "manifest.json").read_text().replace(manifest["code"], "0" * 16))
+        (tmp_path / "manifest.json").read_text().replace(entry["code"], "0" * 16))
     assert gpt_experiment.load(config) is None  # other code
     monkeypatch.setattr(gpt_experiment, "code_hash", lambda: "0" * 16)
     assert gpt_experiment.load(config) is not None
-    (tmp_path / gpt_experiment.WEIGHTS).write_bytes(b"not the weights")
+    (tmp_path / f"{gpt_experiment.weights_name(config.seed)}.pt").write_bytes(b"not the weights")
     assert gpt_experiment.load(config) is None  # other bytes
 
 
@@ -112,6 +113,10 @@ def test_small_budget_pipeline_end_to_end(tmp_path, monkeypatch):
     config = gpt_experiment.BUDGETS["small"]
     model, record = gpt_experiment.train(config)
     assert record["losses"][-1][1] < record["losses"][0][1]
+    # early stopping: the weights returned are those of the curve's lowest validation point
+    lowest_step, lowest = min(record["valid_bits_per_byte"], key=lambda point: point[1])
+    assert record["kept_step"] == lowest_step
+    assert gpt_experiment.bits_per_byte(model, config.vocab_size, "valid") == pytest.approx(lowest, abs=2e-4)
     gpt_experiment.round_to_half(model)
     metrics = gpt_experiment.held_out_metrics(model, config)
     assert 0 < metrics["test_bits_per_byte"] < 8 and metrics["test_bytes_per_token"] > 1
@@ -120,7 +125,8 @@ def test_small_budget_pipeline_end_to_end(tmp_path, monkeypatch):
     assert loaded is not None
     assert gpt_experiment.bits_per_byte(loaded, config.vocab_size) == pytest.approx(metrics["test_bits_per_byte"],
                                                                                    abs=1e-4)
-    assert gpt_experiment.main(["check", "--budget", "small"]) == 0
+    assert gpt_experiment.main(["check", "--budget", "small", "--seeds", "0"]) == 0
+    assert gpt_experiment.main(["check", "--budget", "small", "--seeds", "0,1"]) == 1  # seed 1 was not trained
 
 
 def test_exercise_09s_checks_make_transformers_state_dict_and_logits_without_it():
