@@ -74,7 +74,7 @@ class Config:
     batch_size: int = 16
     steps: int = 1200  # about 9.5 minutes of one CPU thread: the budget is 10
     lr: float = 2e-3
-    min_lr: float = 2e-5  # the cosine decay's floor, a hundredth of the peak (benchmarks/README.md: a tenth scored worse)
+    min_lr: float = 2e-5  # the cosine decay's floor, a hundredth of the peak (the settings tried: benchmarks/README.md)
     warmup: int = 50
     weight_decay: float = 0.1  # on the matrices only (not biases, LayerNorms)
     clip: float = 1.0
