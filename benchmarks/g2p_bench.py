@@ -4,6 +4,7 @@ and what their training cost.
 
 Usage: OMP_NUM_THREADS=1 python benchmarks/g2p_bench.py [--kinds gru,attention,transformer]
        [--seeds 0,1,2] [--retrain | --records] [--budget full|small] [--beam 5] [--alpha 1.0]
+       OMP_NUM_THREADS=1 python benchmarks/g2p_bench.py --step-times
 
 Without --retrain it scores the kept weights (coursebook/g2p_weights/, one file per kind and
 seed, trained by `make train`) and reports the training CPU time their manifest recorded; with
@@ -17,6 +18,11 @@ kinds and each seed, the exact McNemar test on the words (how many words only on
 gets wrong, and the two-sided p-value), greedy and with beam search. The target of chapter 08
 (on the 2-core machine: the Transformer within 15 minutes of training CPU time, test WER <= 30 %
 and PER <= 8 %, the better of greedy and beam search, on every seed) is printed for each seed.
+
+With --step-times it trains nothing to the end: it times training steps of each kind (the same
+20 batches of the training words), with the matrix products in float32 and in bfloat16 under
+torch.autocast (as the kept weights were trained), the two in turns over 3 rounds, and prints
+each way's best CPU time per step and their ratio.
 """
 import argparse
 import dataclasses
@@ -25,11 +31,40 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from coursebook import g2p_analysis, g2p_data, g2p_experiment  # noqa: E402
 from coursebook.g2p_analysis import is_correct  # noqa: E402
 
 TARGETS = {"wer": 0.30, "per": 0.08, "minutes": 15.0}
+
+
+def step_times(kinds, config, steps=20, rounds=3) -> None:
+    """Best CPU seconds per training step of each kind, float32 against bfloat16 autocast, in turns."""
+    torch.set_num_threads(1)
+    data = g2p_experiment.training_data(config)
+    batches = g2p_experiment.bucket_batches([len(s) + len(t) for s, t in data], config.batch_size,
+                                            torch.Generator().manual_seed(0))[:steps + 3]
+    pairs = [(g2p_experiment.pad_batch([data[i][0] for i in b])[0], g2p_experiment.pad_batch([data[i][1] for i in b])[0])
+             for b in batches]
+    print(f"training steps, batches of {config.batch_size}, 1 thread: best of {rounds} rounds of {steps} steps, "
+          "CPU ms per step")
+    for kind in kinds:
+        torch.manual_seed(0)
+        model = g2p_experiment.build(kind, config).train()
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98))
+        best = {}
+        for half in [False, True] * rounds:
+            for i, (src, tgt) in enumerate(pairs):
+                if i == 3:
+                    start = time.process_time()
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=half):
+                    g2p_experiment.train_step(model, optimizer, src, tgt, config.label_smoothing, config.clip)
+            seconds = (time.process_time() - start) / steps
+            best[half] = min(best.get(half, seconds), seconds)
+        print(f"  {kind:<12} float32 {1000 * best[False]:6.1f}   bfloat16 {1000 * best[True]:6.1f}   "
+              f"{best[False] / best[True]:.2f}x faster")
 
 
 def main(argv=None) -> int:
@@ -42,8 +77,12 @@ def main(argv=None) -> int:
     parser.add_argument("--budget", choices=sorted(g2p_experiment.BUDGETS), default="full")
     parser.add_argument("--beam", type=int, default=5)
     parser.add_argument("--alpha", type=float, default=1.0)
+    parser.add_argument("--step-times", action="store_true", help="time training steps, float32 against bfloat16")
     args = parser.parse_args(argv)
     kinds = [k for k in args.kinds.split(",") if k]
+    if args.step_times:
+        step_times(kinds, g2p_experiment.BUDGETS[args.budget])
+        return 0
     seeds = [int(s) for s in args.seeds.split(",") if s]
     lex = g2p_data.load()
     test = lex.words("test")

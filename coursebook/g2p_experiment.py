@@ -60,11 +60,15 @@ class Config:
     steps (the budget); each gets its own learning rate, the one its kind of model is usually
     trained with."""
 
-    epochs: float = 5.0  # the budget: passes over the training pairs
+    epochs: float = 13.5  # the budget: passes over the training pairs
     batch_size: int = 256
     label_smoothing: float = 0.1
     clip: float = 1.0
     warmup: int = 300  # steps of linear warm-up, then linear decay to 0 at the end of the budget
+    # Mixed precision: torch.autocast computes the matrix products, and what reads their outputs, in
+    # bfloat16; the weights, their gradients, the optimiser and the loss stay in float32. About 1.5x
+    # faster on a CPU with bfloat16 instructions (AVX-512 BF16, AMX); on one without, slower.
+    bfloat16: bool = True
     seed: int = 0
     # the recurrent models
     emb_size: int = 64
@@ -73,10 +77,10 @@ class Config:
     # the Transformer
     d_model: int = 128
     n_heads: int = 4
-    n_layers: int = 3
+    n_layers: int = 2
     d_ff: int = 512
-    dropout: float = 0.0  # a few passes over 100,000 words: too short to overfit
-    transformer_lr: float = 2e-3
+    dropout: float = 0.0  # tried on shorter runs, it made the Transformer worse: short of training, not overfitted
+    transformer_lr: float = 3e-3
     max_train_words: int = 0  # 0: every training word; else the first n (the small budget)
 
     def lr(self, kind: str) -> float:
@@ -365,7 +369,8 @@ def train(kind: str, config: Config, log=None) -> tuple[nn.Module, dict]:
             for batch in bucket_batches([len(s) + len(t) for s, t in data], config.batch_size, order):
                 src, _ = pad_batch([data[i][0] for i in batch])
                 tgt, _ = pad_batch([data[i][1] for i in batch])
-                loss = train_step(model, optimizer, src, tgt, config.label_smoothing, config.clip)
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bfloat16):
+                    loss = train_step(model, optimizer, src, tgt, config.label_smoothing, config.clip)
                 schedule.step()
                 step += 1
                 if step % every == 0 or step == total_steps:
