@@ -128,6 +128,30 @@ def test_spread_is_the_mean_and_sample_standard_deviation():
     assert spread([0.3]) == (0.3, 0.0)
 
 
+@pytest.mark.parametrize("bfloat16", [True, False])
+def test_training_computes_the_products_in_the_precision_its_settings_name(monkeypatch, bfloat16):
+    """`Config.bfloat16` is what the page and the manifest report as the training's precision: under
+    it every kind's output layer computes in bfloat16 while its weights stay float32; without it,
+    in float32."""
+    seen = []
+    build = g2p_experiment.build
+
+    def watched(kind, config, vocabs=None):
+        model = build(kind, config, vocabs)
+        out = model.out if kind == "transformer" else model.decoder.out
+        out.register_forward_hook(lambda mod, args, out: seen.append((kind, out.dtype, mod.weight.dtype)))
+        return model
+
+    monkeypatch.setattr(g2p_experiment, "build", watched)
+    config = dataclasses.replace(g2p_experiment.BUDGETS["small"], epochs=0.1, bfloat16=bfloat16)
+    for kind in g2p_experiment.KINDS:
+        _, record = g2p_experiment.train(kind, config)
+        assert all(math.isfinite(loss) for loss in record["losses"])
+    want = torch.bfloat16 if bfloat16 else torch.float32
+    assert {kind for kind, _, _ in seen} == set(g2p_experiment.KINDS)
+    assert all(out == want and weight == torch.float32 for _, out, weight in seen)
+
+
 @pytest.mark.slow
 def test_small_budget_pipeline_end_to_end(tmp_path, monkeypatch):
     """Data, vocabularies, bucketed batches, training, decoding and scoring, for every kind, in minutes:
